@@ -1,0 +1,76 @@
+"""Find a LLaDA checkpoint (local directory or hub id) and load its weights onto a device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.config import LLaDAConfig
+from engine.model import LLaDAModelLM
+
+# The embedded default model, trained by scripts/train_tiny_model.py.
+EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat"
+
+_CHECKPOINT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
+
+
+def resolve_model_dir(path_or_hub_id: str | Path | None) -> Path:
+    """A local directory as is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
+    if path_or_hub_id is None:
+        return EMBEDDED_MODEL_DIR
+    local = Path(path_or_hub_id).expanduser()
+    if local.is_dir():
+        return local
+    if local.is_absolute() or str(path_or_hub_id).startswith((".", "~")) or str(path_or_hub_id).count("/") != 1:
+        raise FileNotFoundError(f"model directory {path_or_hub_id!r} does not exist (and is not a hub id 'org/name')")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id=str(path_or_hub_id), allow_patterns=_CHECKPOINT_FILES))
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / name for name in shards]
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise FileNotFoundError(f"{model_dir} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def load_model(model_dir: Path, device: str | torch.device, dtype: torch.dtype | None = None) -> LLaDAModelLM:
+    """Build the model on the meta device, then read each tensor straight onto `device` in `dtype`.
+
+    No full-precision copy of the weights is ever held in host memory: safetensors reads each tensor
+    onto the target device and it is cast there, one tensor at a time.
+    """
+    config = LLaDAConfig.from_file(model_dir / "config.json")
+    dtype = dtype or default_dtype(device)
+    with torch.device("meta"):
+        model = LLaDAModelLM(config)
+    expected = set(model.state_dict())
+    state: dict[str, torch.Tensor] = {}
+    target = str(torch.device(device))
+    for file in weight_files(model_dir):
+        with safe_open(str(file), framework="pt", device=target) as shard:
+            for name in shard.keys():
+                if name not in expected:
+                    raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a LLaDA checkpoint?")
+                state[name] = shard.get_tensor(name).to(dtype)
+    missing = expected - set(state)
+    if missing:
+        raise ValueError(f"checkpoint {model_dir} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
+    model.load_state_dict(state, assign=True)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,133 @@
+"""LLaDA in plain torch: a Llama-style decoder with bidirectional (non-causal) attention.
+
+Module and parameter names mirror the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, …)
+so a state dict loads without renaming. The math follows the official remote code exactly (see
+tests/fixtures/llada-tiny/README.md); the only additions are the serving-oriented forward arguments:
+a key-padding mask for left-padded batches and `logit_index`, which applies the 126k-row LM head only
+at the positions the sampler needs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import LLaDAConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and scale in the model dtype, as the official code does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x32.to(x.dtype) * self.weight
+
+
+def rotate_half(t: torch.Tensor) -> torch.Tensor:
+    half = t.shape[-1] // 2
+    return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+
+class RotaryCache:
+    """cos/sin tables in float32 (LLaDA's `rope_full_precision`), grown on demand, one per device."""
+
+    def __init__(self, head_dim: int, theta: float, initial_length: int):
+        self.head_dim = head_dim
+        self.theta = theta
+        self.initial_length = initial_length
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self._tables.get(device, (None, None))
+        if cos is None or cos.shape[0] < length:
+            size = max(length, self.initial_length)
+            exponent = torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim
+            inv_freq = 1.0 / (self.theta**exponent)
+            angles = torch.outer(torch.arange(size, device=device, dtype=torch.float32), inv_freq)
+            angles = torch.cat((angles, angles), dim=-1)
+            cos, sin = angles.cos(), angles.sin()
+            self._tables[device] = (cos, sin)
+        return cos[:length], sin[:length]
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    t32 = t.float()
+    return (t32 * cos + rotate_half(t32) * sin).to(t.dtype)
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, config: LLaDAConfig):
+        super().__init__()
+        d, hd = config.d_model, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
+        self.attn_norm = RMSNorm(d, config.rms_norm_eps)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.ff_norm = RMSNorm(d, config.rms_norm_eps)
+        self.ff_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)  # the SiLU-gated branch
+        self.up_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(config.mlp_hidden_size, d, bias=False)
+
+    def forward(self, x, cos, sin, key_mask):
+        batch, length, _ = x.shape
+        n = self.attn_norm(x)
+        q = self.q_proj(n).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
+        )
+        h = x + self.attn_out(attn.transpose(1, 2).reshape(batch, length, -1))
+        n = self.ff_norm(h)
+        return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+
+
+class LLaDAModelLM(nn.Module):
+    def __init__(self, config: LLaDAConfig):
+        super().__init__()
+        self.config = config
+        self.model = nn.Module()
+        self.model.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(config.vocab_size, config.d_model),
+                "blocks": nn.ModuleList(LLaDABlock(config) for _ in range(config.n_layers)),
+                "ln_f": RMSNorm(config.d_model, config.rms_norm_eps),
+                "ff_out": nn.Linear(config.d_model, config.vocab_size, bias=False),
+            }
+        )
+        self.rotary = RotaryCache(config.head_dim, config.rope_theta, config.max_sequence_length)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        logit_index: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits of a [B, T] batch.
+
+        attention_mask: [B, T], 1 for real tokens and 0 for (left) padding; pads are hidden as keys only.
+            Pass None when the batch has no padding: SDPA then picks its fastest kernel.
+        logit_index: (rows, cols) of the positions whose logits are wanted → returns [N, V];
+            None → logits everywhere, [B, T, V].
+        """
+        t = self.model.transformer
+        x = t.wte(input_ids)
+        cos, sin = self.rotary.get(input_ids.shape[1], input_ids.device)
+        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        for block in t.blocks:
+            x = block(x, cos, sin, key_mask)
+        if logit_index is not None:
+            x = x[logit_index]
+        return t.ff_out(t.ln_f(x))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

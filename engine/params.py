@@ -1,0 +1,157 @@
+"""Per-request sampling parameters, with the names and defaults of ADR 005.
+
+Every rule lives here, so the offline API and the HTTP layer reject the same things with the same words.
+A violated rule raises `InvalidParameter` (a ValueError) that names the field, so the HTTP layer can
+report it as `error.param`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Literal
+
+BlockSchedule = Literal["uniform", "front_loaded", "cosine"]
+ConfidenceMetric = Literal["top1_prob", "entropy_inverse"]
+
+BLOCK_SCHEDULES = ("uniform", "front_loaded", "cosine")
+CONFIDENCE_METRICS = ("top1_prob", "entropy_inverse")
+DEFAULT_GEN_LENGTH = 128
+DEFAULT_STEPS = 128
+MAX_STEPS = 512
+MAX_TEMPERATURE = 2.0
+MAX_STOP_STRINGS = 4
+LOCAL_LEAP_DEFAULTS = {
+    "local_leap_anchor_threshold": 0.9,
+    "local_leap_neighbor_threshold": 0.75,
+    "local_leap_radius": 4,
+}
+MAX_LOCAL_LEAP_RADIUS = 16
+
+
+class InvalidParameter(ValueError):
+    def __init__(self, field_name: str, rule: str):
+        super().__init__(f"{field_name}: {rule}")
+        self.field = field_name
+        self.rule = rule
+
+
+def _require_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidParameter(name, f"must be an integer, got {value!r}")
+
+
+def _require_number(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidParameter(name, f"must be a number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is denoised. Omitted lengths resolve as the ADR says:
+
+    block_length → gen_length (one bidirectional block); num_denoising_steps → min(128, gen_length);
+    LocalLeap thresholds → κ 0.9, τ 0.75, W 4 when `use_local_leap` is on (setting them while it is
+    off is an error, never silently ignored); seed → a fresh random one (recorded in `seed`).
+    """
+
+    gen_length: int = DEFAULT_GEN_LENGTH
+    block_length: int | None = None
+    num_denoising_steps: int | None = None
+    block_schedule: BlockSchedule = "uniform"
+    confidence_metric: ConfidenceMetric = "top1_prob"
+    temperature: float = 0.0
+    seed: int | None = None
+    use_local_leap: bool = False
+    local_leap_anchor_threshold: float | None = None
+    local_leap_neighbor_threshold: float | None = None
+    local_leap_radius: int | None = None
+    force_single_batch: bool = False
+    early_exit: bool = True
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
+
+        _require_int("gen_length", self.gen_length)
+        if self.gen_length < 1:
+            raise InvalidParameter("gen_length", f"must be at least 1, got {self.gen_length}")
+
+        if self.block_length is None:
+            set_("block_length", self.gen_length)
+        _require_int("block_length", self.block_length)
+        if not 1 <= self.block_length <= self.gen_length:
+            raise InvalidParameter(
+                "block_length", f"must be between 1 and gen_length ({self.gen_length}), got {self.block_length}"
+            )
+        if self.gen_length % self.block_length:
+            raise InvalidParameter(
+                "block_length",
+                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
+            )
+
+        if self.num_denoising_steps is None:
+            set_("num_denoising_steps", min(DEFAULT_STEPS, self.gen_length))
+        _require_int("num_denoising_steps", self.num_denoising_steps)
+        steps = self.num_denoising_steps
+        if not 1 <= steps <= MAX_STEPS:
+            raise InvalidParameter("num_denoising_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
+        if steps % self.num_blocks:
+            raise InvalidParameter(
+                "num_denoising_steps",
+                f"must be a multiple of the number of blocks (gen_length / block_length = {self.num_blocks}), "
+                f"got {steps}",
+            )
+        if self.steps_per_block > self.block_length:
+            raise InvalidParameter(
+                "num_denoising_steps",
+                f"gives {self.steps_per_block} steps per block, more than block_length ({self.block_length}): "
+                "every step must commit at least one token",
+            )
+
+        if self.block_schedule not in BLOCK_SCHEDULES:
+            raise InvalidParameter("block_schedule", f"must be one of {', '.join(BLOCK_SCHEDULES)}")
+        if self.confidence_metric not in CONFIDENCE_METRICS:
+            raise InvalidParameter("confidence_metric", f"must be one of {', '.join(CONFIDENCE_METRICS)}")
+
+        _require_number("temperature", self.temperature)
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidParameter("temperature", f"must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}")
+
+        if self.seed is None:
+            set_("seed", secrets.randbits(63))
+        _require_int("seed", self.seed)
+
+        self._resolve_local_leap(set_)
+
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidParameter("stop", f"must be at most {MAX_STOP_STRINGS} non-empty strings")
+        set_("stop", stop)
+
+    def _resolve_local_leap(self, set_) -> None:
+        if not self.use_local_leap:
+            for name in LOCAL_LEAP_DEFAULTS:
+                if getattr(self, name) is not None:
+                    raise InvalidParameter(name, "is only allowed together with use_local_leap: true")
+            return
+        for name, default in LOCAL_LEAP_DEFAULTS.items():
+            if getattr(self, name) is None:
+                set_(name, default)
+        for name in ("local_leap_anchor_threshold", "local_leap_neighbor_threshold"):
+            _require_number(name, getattr(self, name))
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise InvalidParameter(name, f"must be between 0 and 1, got {getattr(self, name)}")
+        _require_int("local_leap_radius", self.local_leap_radius)
+        if not 1 <= self.local_leap_radius <= MAX_LOCAL_LEAP_RADIUS:
+            raise InvalidParameter(
+                "local_leap_radius", f"must be between 1 and {MAX_LOCAL_LEAP_RADIUS}, got {self.local_leap_radius}"
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.num_denoising_steps // self.num_blocks

@@ -1,0 +1,214 @@
+"""The per-request diffusion sampler (DESIGN §4).
+
+A `DenoisingRequest` holds one request's canvas and walks it block by block. A step is split in two so
+that many requests can share one model forward (engine/batch.py):
+
+- `propose(logits, positions)` runs on the model's device with no host synchronisation: prediction,
+  confidence, quota and LocalLeap give the tokens and the set of positions to commit;
+- `commit(tokens, chosen)` runs on the host once those small tensors have arrived: it updates the
+  canvas, the streamed text and the finish state, and returns the step's `StepEvent`.
+
+Only the current block's masked positions are candidates, and softmax, entropy and noise are computed
+at those positions only (never over the whole canvas or vocabulary-wide for the prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.params import SamplingParams
+from engine.schedules import block_quotas
+from engine.text import IncrementalText
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]  # generated ids up to (excluding) the first EOS/EOT, or up to the stop-string cut
+    canvas_ids: list[int]  # the whole generated region as sampled; positions never committed keep the mask id
+    text: str
+    finish_reason: str  # "stop" | "length"
+    num_forward_passes: int
+    prompt_tokens: int
+    params: SamplingParams
+    step_commits: list[list[int]] = field(repr=False)  # offsets committed by each forward pass
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    step: int  # 0-based index of this request's forward pass
+    block: int
+    committed: list[tuple[int, int]]  # (offset from the first generated position, token id)
+    text_delta: str  # text that became final with this step; the deltas concatenate to the final text
+    masked_remaining: int
+    finished: bool
+    result: GenerationResult | None = None  # set on the last event only
+
+
+def local_leap_mask(
+    confidence: torch.Tensor, positions: torch.Tensor, anchor: float, neighbor: float, radius: int
+) -> torch.Tensor:
+    """LocalLeap (arXiv:2510.07081): anchors are candidates with c ≥ κ; a candidate within `radius`
+    canvas positions of an anchor and with c ≥ τ is committed with it."""
+    is_anchor = confidence >= anchor
+    distance = (positions[:, None] - positions[None, :]).abs()
+    near_anchor = ((distance <= radius) & is_anchor[None, :]).any(dim=1)
+    return is_anchor | (near_anchor & (confidence >= neighbor))
+
+
+def confidence_of(logits: torch.Tensor, prediction: torch.Tensor, metric: str) -> torch.Tensor:
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    if metric == "top1_prob":
+        return log_probs.gather(-1, prediction[:, None]).squeeze(-1).exp()
+    # entropy_inverse: exp(−H) lies in (0, 1] and ranks positions as Dream's entropy rule does.
+    return (log_probs.exp() * log_probs).sum(-1).exp()
+
+
+class DenoisingRequest:
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        mask_id: int,
+        stop_ids: frozenset[int],
+        decode: Callable[[list[int]], str],
+        device: torch.device,
+    ):
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.mask_id = mask_id
+        self.stop_ids = stop_ids
+        self._decode = decode
+        self.canvas = torch.tensor(self.prompt_ids + [mask_id] * params.gen_length, dtype=torch.long)
+        self.masked = torch.ones(params.gen_length, dtype=torch.bool)
+        self.block = 0
+        self.block_step = 0
+        self.quotas = block_quotas(params.block_schedule, params.block_length, params.steps_per_block)
+        self.step = 0
+        self.first_masked = 0  # committed prefix = generated offsets [0, first_masked)
+        self.step_commits: list[list[int]] = []
+        self.text = IncrementalText(decode, params.stop)
+        self.finished = False
+        self.result: GenerationResult | None = None
+        self.generator = None
+        if params.temperature > 0:
+            self.generator = torch.Generator(device=device).manual_seed(params.seed)
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def length(self) -> int:
+        return self.canvas.shape[0]
+
+    def candidate_offsets(self) -> torch.Tensor:
+        """Masked offsets (from the first generated position) of the current block, ascending."""
+        start = self.block * self.params.block_length
+        block_masked = self.masked[start : start + self.params.block_length]
+        return block_masked.nonzero().squeeze(1) + start
+
+    def propose(self, logits: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens for every candidate and which candidates to commit; both stay on the device."""
+        p = self.params
+        if self.generator is None:
+            prediction = logits.argmax(-1)
+        else:
+            # Gumbel-max in float64: argmax(l/T − log(−log U)) samples softmax(l/T) exactly.
+            uniform = torch.rand(logits.shape, generator=self.generator, device=logits.device, dtype=torch.float64)
+            prediction = (logits.double() / p.temperature - torch.log(-torch.log(uniform))).argmax(-1)
+        confidence = confidence_of(logits, prediction, p.confidence_metric)
+
+        count = logits.shape[0]
+        last_step = self.block_step >= p.steps_per_block - 1
+        quota = count if last_step else min(count, self.quotas[self.block_step])
+        # Stable sort: among equal confidences the leftmost position wins, deterministically.
+        order = torch.sort(confidence, descending=True, stable=True).indices
+        chosen = torch.zeros(count, dtype=torch.bool, device=logits.device)
+        chosen[order[:quota]] = True
+        if p.use_local_leap:
+            chosen |= local_leap_mask(
+                confidence,
+                offsets,
+                p.local_leap_anchor_threshold,
+                p.local_leap_neighbor_threshold,
+                p.local_leap_radius,
+            )
+        return prediction, chosen
+
+    def commit(self, offsets: torch.Tensor, prediction: torch.Tensor, chosen: torch.Tensor) -> StepEvent:
+        """Apply a proposal (host tensors) and report what became final."""
+        p = self.params
+        new_offsets = offsets[chosen]
+        new_tokens = prediction[chosen]
+        self.canvas[self.prompt_length + new_offsets] = new_tokens
+        self.masked[new_offsets] = False
+        self.step_commits.append(new_offsets.tolist())
+        event_block = self.block
+        self.step += 1
+        self.block_step += 1
+
+        block_end = (self.block + 1) * p.block_length
+        if not self.masked[self.block * p.block_length : block_end].any():
+            # A full block skips its remaining steps (LocalLeap can fill one early).
+            self.block += 1
+            self.block_step = 0
+        while self.first_masked < p.gen_length and not self.masked[self.first_masked]:
+            self.first_masked += 1
+
+        generated = self.canvas[self.prompt_length :].tolist()
+        final_ids, hit_stop_token = self._final_prefix(generated)
+        canvas_full = self.first_masked == p.gen_length
+        ending = canvas_full or (hit_stop_token and p.early_exit)
+        delta = self.text.update(final_ids, complete=ending)
+        if self.text.stopped:
+            ending = True
+        if ending:
+            self._finish(generated, final_ids, hit_stop_token or self.text.stopped)
+        return StepEvent(
+            step=self.step - 1,
+            block=event_block,
+            committed=list(zip(new_offsets.tolist(), new_tokens.tolist())),
+            text_delta=delta,
+            masked_remaining=int(self.masked.sum()),
+            finished=self.finished,
+            result=self.result,
+        )
+
+    def _final_prefix(self, generated: list[int]) -> tuple[list[int], bool]:
+        """The committed prefix cut at the first EOS/EOT, and whether such a token ends it."""
+        prefix = generated[: self.first_masked]
+        for i, token in enumerate(prefix):
+            if token in self.stop_ids:
+                return prefix[:i], True
+        return prefix, False
+
+    def _finish(self, generated: list[int], final_ids: list[int], stopped: bool) -> None:
+        token_ids = final_ids
+        if self.text.stopped:
+            token_ids = self._tokens_covering(final_ids, self.text.emitted)
+        self.finished = True
+        self.result = GenerationResult(
+            token_ids=token_ids,
+            canvas_ids=generated,
+            text=self.text.emitted,
+            finish_reason="stop" if stopped else "length",
+            num_forward_passes=self.step,
+            prompt_tokens=self.prompt_length,
+            params=self.params,
+            step_commits=self.step_commits,
+        )
+
+    def _tokens_covering(self, ids: list[int], text: str) -> list[int]:
+        """The shortest prefix of `ids` whose text reaches the stop-string cut (usage counts these)."""
+        for size in range(len(ids) + 1):
+            if self._decode(ids[:size]).startswith(text):
+                return ids[:size]
+        return ids

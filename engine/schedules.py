@@ -1,0 +1,56 @@
+"""Block schedules: how many of a block's n masked tokens each of its S steps commits (DESIGN §4).
+
+Every schedule gives each step at least one token and sums to n. `uniform` is LLaDA's reference schedule.
+The others spend the E = n − S spare tokens by a weight per step and round with the largest-remainder
+rule (ties go to the earlier step), so the result is exact and platform-independent.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+
+def uniform_quotas(n: int, steps: int) -> list[int]:
+    base, extra = divmod(n, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def _front_loaded_shares(spare: int, steps: int) -> list[Fraction]:
+    # w_i = (2(S−i)−1)/S²: linearly decreasing, sums to 1. Exact in rationals.
+    return [Fraction(spare * (2 * (steps - i) - 1), steps * steps) for i in range(steps)]
+
+
+def _cosine_shares(spare: int, steps: int) -> list[Fraction]:
+    # w_i = cos(πi/2S) − cos(π(i+1)/2S): slow start, fast finish. Rounded to 1e-9 so that float noise
+    # cannot flip which step receives a leftover token.
+    shares = []
+    for i in range(steps):
+        w = math.cos(math.pi * i / (2 * steps)) - math.cos(math.pi * (i + 1) / (2 * steps))
+        shares.append(Fraction(round(spare * w * 1e9), 10**9))
+    return shares
+
+
+def _largest_remainder(shares: list[Fraction], spare: int) -> list[int]:
+    floors = [math.floor(s) for s in shares]
+    leftover = spare - sum(floors)
+    by_fraction = sorted(range(len(shares)), key=lambda i: (-(shares[i] - floors[i]), i))
+    for i in by_fraction[:leftover]:
+        floors[i] += 1
+    return floors
+
+
+def block_quotas(schedule: str, n: int, steps: int) -> list[int]:
+    """Tokens to commit at each of `steps` steps of a block holding `n` masked positions."""
+    if not 1 <= steps <= n:
+        raise ValueError(f"a block of {n} tokens cannot be denoised in {steps} steps (need 1 ≤ steps ≤ {n})")
+    if schedule == "uniform":
+        return uniform_quotas(n, steps)
+    spare = n - steps
+    if schedule == "front_loaded":
+        shares = _front_loaded_shares(spare, steps)
+    elif schedule == "cosine":
+        shares = _cosine_shares(spare, steps)
+    else:
+        raise ValueError(f"unknown block schedule {schedule!r}")
+    return [1 + extra for extra in _largest_remainder(shares, spare)]
