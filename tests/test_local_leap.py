@@ -1,0 +1,84 @@
+"""LocalLeap: the engine's vectorized rule against a plain loop of the paper's rule."""
+
+import random
+
+import torch
+
+from engine import DiffusionEngine, SamplingParams
+from engine.sampler import local_leap_mask
+from tests.fixture_paths import FIXTURE_DIR
+
+
+def local_leap_loop(confidence, positions, anchor, neighbor, radius):
+    """arXiv:2510.07081, written as plainly as possible: anchors, then their confident neighbours."""
+    anchors = [p for c, p in zip(confidence, positions) if c >= anchor]
+    selected = []
+    for c, p in zip(confidence, positions):
+        is_anchor = c >= anchor
+        near = any(abs(p - a) <= radius for a in anchors)
+        selected.append(is_anchor or (near and c >= neighbor))
+    return selected
+
+
+def test_vectorized_rule_agrees_with_the_loop_on_random_confidences():
+    rng = random.Random(1234)
+    for _ in range(3000):
+        block = rng.randint(1, 64)
+        count = rng.randint(1, block)
+        positions = sorted(rng.sample(range(block), count))
+        confidence = [rng.random() ** rng.choice([0.3, 1, 3]) for _ in positions]
+        anchor, neighbor = sorted([rng.random(), rng.random()], reverse=True)
+        radius = rng.randint(1, 16)
+        got = local_leap_mask(torch.tensor(confidence), torch.tensor(positions), anchor, neighbor, radius).tolist()
+        assert got == local_leap_loop(confidence, positions, anchor, neighbor, radius)
+
+
+def test_one_token_per_step_plus_local_leap_is_the_paper_rule(monkeypatch):
+    """With S = block_length the quota is one token (the most confident) and LocalLeap adds the rest."""
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    params = SamplingParams(
+        gen_length=16,
+        num_denoising_steps=16,
+        use_local_leap=True,
+        local_leap_anchor_threshold=0.3,
+        local_leap_neighbor_threshold=0.1,
+        local_leap_radius=2,
+        early_exit=False,
+    )
+    request = engine.new_request(messages=[{"role": "user", "content": "Tell me a story."}], params=params)
+    steps = 0
+    while not request.finished:
+        offsets = request.candidate_offsets()
+        seen = {}
+
+        def spy(confidence, positions, *args, _seen=seen):
+            _seen["c"], _seen["p"] = confidence.tolist(), positions.tolist()
+            return local_leap_mask(confidence, positions, *args)
+
+        monkeypatch.setattr("engine.sampler.local_leap_mask", spy)
+        (event,) = engine.step([request])
+        committed = sorted(pos for pos, _ in event.committed)
+        expected = local_leap_loop(seen["c"], seen["p"], 0.3, 0.1, 2)
+        best = max(range(len(seen["c"])), key=lambda i: (seen["c"][i], -i))
+        expected[best] = True
+        assert committed == [int(o) for o, keep in zip(offsets, expected) if keep]
+        steps += 1
+    assert steps < 16  # the thresholds are low enough that LocalLeap committed several tokens at once
+
+
+def test_local_leap_never_commits_outside_the_current_block():
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    params = SamplingParams(
+        gen_length=32,
+        block_length=8,
+        num_denoising_steps=32,
+        use_local_leap=True,
+        local_leap_anchor_threshold=0.0,
+        local_leap_neighbor_threshold=0.0,
+        local_leap_radius=16,
+        early_exit=False,
+    )
+    events = list(engine.stream(messages=[{"role": "user", "content": "Hello"}], params=params))
+    assert len(events) == 4  # every candidate is an anchor: each block fills in one step
+    for event in events:
+        assert {pos // 8 for pos, _ in event.committed} == {event.block}

@@ -1,0 +1,106 @@
+"""The native LLaDA model against the official code's logits, and checkpoint loading."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.loading import load_model, resolve_model_dir, weight_files
+from tests.fixture_paths import FIXTURE_DIR, reference
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(FIXTURE_DIR, "cpu")
+
+
+@pytest.mark.parametrize("case", reference()["logits_cases"], ids=lambda c: c["name"])
+def test_logits_match_official_code(model, case):
+    ids = torch.tensor(case["input_ids"])
+    mask = torch.tensor(case["attention_mask"])
+    logits = model(ids, mask if case["attention_mask_passed_to_model"] else None)
+    real = mask.bool()  # logits at pad queries are meaningless in both implementations
+    assert logits.shape == tuple(case["shape"])
+    torch.testing.assert_close(logits[real], torch.tensor(case["logits"])[real], atol=1e-4, rtol=0)
+
+
+def test_left_padded_row_equals_unpadded_row(model):
+    case = next(c for c in reference()["logits_cases"] if c["name"] == "left_padded_batch_of_2")
+    ids, mask = torch.tensor(case["input_ids"]), torch.tensor(case["attention_mask"])
+    batched = model(ids, mask)
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        alone = model(ids[row][real][None])[0]
+        torch.testing.assert_close(batched[row][real], alone, atol=1e-4, rtol=0)
+
+
+def test_logit_index_applies_the_head_only_where_asked(model):
+    ids = torch.tensor([reference()["logits_cases"][1]["input_ids"][0]] * 2)
+    full = model(ids)
+    rows, cols = torch.tensor([0, 1, 1]), torch.tensor([3, 0, 7])
+    picked = model(ids, logit_index=(rows, cols))
+    assert picked.shape == (3, full.shape[-1])
+    torch.testing.assert_close(picked, full[rows, cols])
+
+
+def test_sharded_checkpoint_loads_identically(model, tmp_path):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(FIXTURE_DIR / name, tmp_path / name)
+    state = load_file(FIXTURE_DIR / "model.safetensors")
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, shard_names in shards.items():
+        save_file({n: state[n].to(torch.bfloat16) for n in shard_names}, tmp_path / shard, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard_names, shard))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    assert [f.name for f in weight_files(tmp_path)] == sorted(shards)
+    sharded = load_model(tmp_path, "cpu", torch.bfloat16)
+    assert next(sharded.parameters()).dtype == torch.bfloat16
+    for name, tensor in sharded.state_dict().items():
+        torch.testing.assert_close(tensor, model.state_dict()[name].to(torch.bfloat16), atol=0, rtol=0)
+
+
+def test_default_dtype_is_float32_on_cpu_and_override_works():
+    assert next(load_model(FIXTURE_DIR, "cpu").parameters()).dtype == torch.float32
+    assert next(load_model(FIXTURE_DIR, "cpu", torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+def test_missing_or_foreign_tensors_are_refused(tmp_path):
+    shutil.copy(FIXTURE_DIR / "config.json", tmp_path / "config.json")
+    state = load_file(FIXTURE_DIR / "model.safetensors")
+    dropped = dict(list(state.items())[1:])
+    save_file(dropped, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="lacks 1 tensors"):
+        load_model(tmp_path, "cpu")
+    save_file({**state, "model.transformer.extra.weight": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="unexpected tensor"):
+        load_model(tmp_path, "cpu")
+
+
+def test_unsupported_architecture_flags_are_refused(tmp_path):
+    config = json.loads((FIXTURE_DIR / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "weight_tying": True}))
+    shutil.copy(FIXTURE_DIR / "model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="weight_tying"):
+        load_model(tmp_path, "cpu")
+
+
+def test_model_location_resolution(tmp_path, monkeypatch):
+    assert resolve_model_dir(FIXTURE_DIR) == FIXTURE_DIR
+    assert resolve_model_dir(None).name == "tiny-llada-chat"
+    with pytest.raises(FileNotFoundError):
+        resolve_model_dir(tmp_path / "does-not-exist")
+    # A hub id goes through huggingface_hub; here its local cache stands in for the network.
+    calls = []
+
+    def fake_snapshot_download(repo_id, allow_patterns):
+        calls.append((repo_id, allow_patterns))
+        return str(FIXTURE_DIR)
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    assert resolve_model_dir("GSAI-ML/LLaDA-8B-Instruct") == FIXTURE_DIR
+    assert calls[0][0] == "GSAI-ML/LLaDA-8B-Instruct" and "*.safetensors" in calls[0][1]

@@ -1,0 +1,77 @@
+"""SamplingParams: ADR defaults and one test per validation rule (the message names the field and rule)."""
+
+import pytest
+
+from engine import InvalidParameter, SamplingParams
+
+
+def test_defaults_follow_the_adr():
+    p = SamplingParams()
+    assert (p.gen_length, p.block_length, p.num_denoising_steps) == (128, 128, 128)
+    assert (p.block_schedule, p.confidence_metric, p.temperature) == ("uniform", "top1_prob", 0.0)
+    assert p.use_local_leap is False and p.local_leap_anchor_threshold is None
+    assert p.early_exit is True and p.force_single_batch is False
+
+
+def test_steps_default_is_capped_to_the_canvas():
+    assert SamplingParams(gen_length=32).num_denoising_steps == 32
+    assert SamplingParams(gen_length=256).num_denoising_steps == 128
+    assert SamplingParams(gen_length=32).block_length == 32
+
+
+def test_local_leap_defaults_apply_when_enabled():
+    p = SamplingParams(use_local_leap=True)
+    assert (p.local_leap_anchor_threshold, p.local_leap_neighbor_threshold, p.local_leap_radius) == (0.9, 0.75, 4)
+
+
+INVALID = [
+    (dict(gen_length=0), "gen_length", "at least 1"),
+    (dict(gen_length=32.0), "gen_length", "must be an integer"),
+    (dict(gen_length=32, block_length=64), "block_length", "between 1 and gen_length"),
+    (dict(gen_length=32, block_length=0), "block_length", "between 1 and gen_length"),
+    (dict(gen_length=32, block_length=12), "block_length", "multiple of block_length"),
+    (dict(gen_length=32, num_denoising_steps=0), "num_denoising_steps", "between 1 and 512"),
+    (dict(gen_length=1024, num_denoising_steps=513), "num_denoising_steps", "between 1 and 512"),
+    (
+        dict(gen_length=32, block_length=8, num_denoising_steps=6),
+        "num_denoising_steps",
+        "multiple of the number of blocks",
+    ),
+    (dict(gen_length=32, block_length=8, num_denoising_steps=64), "num_denoising_steps", "more than block_length"),
+    (dict(gen_length=32, num_denoising_steps=True), "num_denoising_steps", "must be an integer"),
+    (dict(block_schedule="linear"), "block_schedule", "one of uniform, front_loaded, cosine"),
+    (dict(confidence_metric="margin"), "confidence_metric", "one of top1_prob, entropy_inverse"),
+    (dict(temperature=-0.1), "temperature", "between 0 and 2"),
+    (dict(temperature=2.5), "temperature", "between 0 and 2"),
+    (dict(temperature="1"), "temperature", "must be a number"),
+    (dict(seed=1.5), "seed", "must be an integer"),
+    (dict(local_leap_anchor_threshold=0.8), "local_leap_anchor_threshold", "only allowed together with use_local_leap"),
+    (dict(local_leap_neighbor_threshold=0.5), "local_leap_neighbor_threshold", "only allowed together"),
+    (dict(local_leap_radius=2), "local_leap_radius", "only allowed together with use_local_leap"),
+    (dict(use_local_leap=True, local_leap_anchor_threshold=1.5), "local_leap_anchor_threshold", "between 0 and 1"),
+    (dict(use_local_leap=True, local_leap_neighbor_threshold=-0.5), "local_leap_neighbor_threshold", "between 0 and 1"),
+    (dict(use_local_leap=True, local_leap_radius=0), "local_leap_radius", "between 1 and 16"),
+    (dict(use_local_leap=True, local_leap_radius=17), "local_leap_radius", "between 1 and 16"),
+    (dict(use_local_leap=True, local_leap_radius=2.0), "local_leap_radius", "must be an integer"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4 non-empty strings"),
+    (dict(stop=[""]), "stop", "at most 4 non-empty strings"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field", "rule"), INVALID, ids=[f"{f}-{i}" for i, (_, f, _) in enumerate(INVALID)])
+def test_invalid_values_name_the_field_and_rule(kwargs, field, rule):
+    with pytest.raises(InvalidParameter) as raised:
+        SamplingParams(**kwargs)
+    assert raised.value.field == field
+    assert str(raised.value).startswith(f"{field}: ")
+    assert rule in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_valid_edge_values_are_accepted():
+    SamplingParams(gen_length=512, block_length=1, num_denoising_steps=512)
+    SamplingParams(temperature=2, seed=0)
+    SamplingParams(
+        use_local_leap=True, local_leap_anchor_threshold=0, local_leap_neighbor_threshold=1, local_leap_radius=16
+    )
+    assert SamplingParams(stop="###").stop == ("###",)
