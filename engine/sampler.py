@@ -93,6 +93,7 @@ class DenoisingRequest:
         self.quotas = block_quotas(params.block_schedule, params.block_length, params.steps_per_block)
         self.step = 0
         self.first_masked = 0  # committed prefix = generated offsets [0, first_masked)
+        self.stop_offset: int | None = None  # first EOS/EOT inside the committed prefix
         self.step_commits: list[list[int]] = []
         self.text = IncrementalText(decode, params.stop)
         self.finished = False
@@ -160,18 +161,18 @@ class DenoisingRequest:
             # A full block skips its remaining steps (LocalLeap can fill one early).
             self.block += 1
             self.block_step = 0
-        while self.first_masked < p.gen_length and not self.masked[self.first_masked]:
-            self.first_masked += 1
+        prefix_grew = self._advance_prefix()
 
-        generated = self.canvas[self.prompt_length :].tolist()
-        final_ids, hit_stop_token = self._final_prefix(generated)
-        canvas_full = self.first_masked == p.gen_length
-        ending = canvas_full or (hit_stop_token and p.early_exit)
-        delta = self.text.update(final_ids, complete=ending)
+        end = self.stop_offset if self.stop_offset is not None else self.first_masked
+        final_ids = self.canvas[self.prompt_length : self.prompt_length + end].tolist()
+        hit_stop_token = self.stop_offset is not None
+        ending = self.first_masked == p.gen_length or (hit_stop_token and p.early_exit)
+        # The text can only change when the committed prefix grew (or everything held back is released).
+        delta = self.text.update(final_ids, complete=ending) if prefix_grew or ending else ""
         if self.text.stopped:
             ending = True
         if ending:
-            self._finish(generated, final_ids, hit_stop_token or self.text.stopped)
+            self._finish(final_ids, hit_stop_token or self.text.stopped)
         return StepEvent(
             step=self.step - 1,
             block=event_block,
@@ -182,22 +183,30 @@ class DenoisingRequest:
             result=self.result,
         )
 
-    def _final_prefix(self, generated: list[int]) -> tuple[list[int], bool]:
-        """The committed prefix cut at the first EOS/EOT, and whether such a token ends it."""
-        prefix = generated[: self.first_masked]
-        for i, token in enumerate(prefix):
-            if token in self.stop_ids:
-                return prefix[:i], True
-        return prefix, False
+    def _advance_prefix(self) -> bool:
+        """Extend the committed prefix past newly committed positions, noting its first EOS/EOT.
 
-    def _finish(self, generated: list[int], final_ids: list[int], stopped: bool) -> None:
+        Committed tokens never change, so each position is looked at once. Returns whether it grew.
+        """
+        start = self.first_masked
+        while self.first_masked < self.params.gen_length and not self.masked[self.first_masked]:
+            self.first_masked += 1
+        if self.stop_offset is None:
+            new = self.canvas[self.prompt_length + start : self.prompt_length + self.first_masked].tolist()
+            for offset, token in enumerate(new, start):
+                if token in self.stop_ids:
+                    self.stop_offset = offset
+                    break
+        return self.first_masked > start
+
+    def _finish(self, final_ids: list[int], stopped: bool) -> None:
         token_ids = final_ids
         if self.text.stopped:
             token_ids = self._tokens_covering(final_ids, self.text.emitted)
         self.finished = True
         self.result = GenerationResult(
             token_ids=token_ids,
-            canvas_ids=generated,
+            canvas_ids=self.canvas[self.prompt_length :].tolist(),
             text=self.text.emitted,
             finish_reason="stop" if stopped else "length",
             num_forward_passes=self.step,
