@@ -3,5 +3,17 @@
 from engine.engine import DiffusionEngine
 from engine.params import InvalidParameter, SamplingParams
 from engine.sampler import GenerationResult, StepEvent
+from engine.scheduler import EngineOverloaded, EngineShutdown, SchedulerConfig
+from engine.stats import EngineStats
 
-__all__ = ["DiffusionEngine", "GenerationResult", "InvalidParameter", "SamplingParams", "StepEvent"]
+__all__ = [
+    "DiffusionEngine",
+    "EngineOverloaded",
+    "EngineShutdown",
+    "EngineStats",
+    "GenerationResult",
+    "InvalidParameter",
+    "SamplingParams",
+    "SchedulerConfig",
+    "StepEvent",
+]

@@ -14,10 +14,14 @@ from engine.model import LLaDAModelLM
 from engine.sampler import DenoisingRequest, StepEvent
 
 
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
+def _staging(size: int, device: torch.device) -> torch.Tensor:
+    """Host memory for one step's inputs, packed so that they travel in ONE host-to-device copy.
+
+    On CUDA it is pinned, so the copy is asynchronous: the host queues the forward right behind it instead
+    of waiting for it (a pageable copy would block). Pinned blocks come from torch's caching host
+    allocator, which reuses them across steps and keeps a block alive until the copy reading it is done.
+    """
+    return torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
 
 
 @torch.inference_mode()
@@ -26,26 +30,35 @@ def denoise_step(
 ) -> list[StepEvent | Exception]:
     """Advance every request by one step. A request whose sampler step raises gets its exception back
     in its slot; the others are unaffected. A failing forward raises (it concerns the whole batch)."""
-    width = max(r.length for r in requests)
-    input_ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
+    batch, width = len(requests), max(r.length for r in requests)
     padded = any(r.length != width for r in requests)
-    attention_mask = torch.zeros((len(requests), width), dtype=torch.long) if padded else None
     offsets = [r.candidate_offsets() for r in requests]
-    rows, cols = [], []
+    candidates = sum(o.shape[0] for o in offsets)
+    # One long buffer: [input_ids (B·T) | attention_mask (B·T, only when padded) | rows (N) | cols (N)].
+    grid = batch * width
+    mask_size = grid if padded else 0
+    host = _staging(grid + mask_size + 2 * candidates, device)
+    input_ids = host[:grid].view(batch, width).fill_(pad_id)
+    attention_mask = host[grid : grid + mask_size].view(batch, width).zero_() if padded else None
+    rows = host[grid + mask_size : grid + mask_size + candidates]
+    cols = host[grid + mask_size + candidates :]
+    at = 0
     for row, (request, request_offsets) in enumerate(zip(requests, offsets)):
         pad = width - request.length
         input_ids[row, pad:] = request.canvas
         if attention_mask is not None:
             attention_mask[row, pad:] = 1
-        rows.append(torch.full_like(request_offsets, row))
-        cols.append(request_offsets + pad + request.prompt_length)
-    rows_t, cols_t = torch.cat(rows), torch.cat(cols)
+        size = request_offsets.shape[0]
+        rows[at : at + size] = row
+        cols[at : at + size] = request_offsets + pad + request.prompt_length
+        at += size
 
-    device_cols = _to_device(cols_t, device)
+    on_device = host.to(device, non_blocking=True)  # on CPU this is `host` itself: no copy
+    device_cols = on_device[grid + mask_size + candidates :]
     logits = model(
-        _to_device(input_ids, device),
-        None if attention_mask is None else _to_device(attention_mask, device),
-        logit_index=(_to_device(rows_t, device), device_cols),
+        on_device[:grid].view(batch, width),
+        on_device[grid : grid + mask_size].view(batch, width) if padded else None,
+        logit_index=(on_device[grid + mask_size : grid + mask_size + candidates], device_cols),
     )
 
     proposals: list[tuple[torch.Tensor, torch.Tensor] | Exception] = []
@@ -61,9 +74,9 @@ def denoise_step(
 
     good = [p for p in proposals if not isinstance(p, Exception)]
     if good:
-        # The one synchronisation of the step: all proposals come to the host together.
-        predictions = torch.cat([p[0] for p in good]).cpu()
-        chosen = torch.cat([p[1] for p in good]).cpu()
+        # The one synchronisation of the step: every proposal comes to the host in a single copy.
+        packed = torch.stack((torch.cat([p[0] for p in good]), torch.cat([p[1] for p in good]).long())).cpu()
+        predictions, chosen = packed[0], packed[1].bool()
     events: list[StepEvent | Exception] = []
     at = 0
     for request, request_offsets, proposal in zip(requests, offsets, proposals):

@@ -2,27 +2,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from pathlib import Path
 
 import torch
 
-from engine.loading import default_device, load_model, resolve_model_dir
 from engine.batch import denoise_step
+from engine.loading import default_device, load_model, resolve_model_dir
 from engine.model import LLaDAModelLM
 from engine.params import InvalidParameter, SamplingParams
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.stats import EngineStats
 from engine.tokenizer import ChatTokenizer
 
 CHAT_ROLES = ("system", "user", "assistant")
 
 
 class DiffusionEngine:
-    def __init__(self, model: LLaDAModelLM, tokenizer: ChatTokenizer, device: torch.device, model_name: str):
+    def __init__(
+        self,
+        model: LLaDAModelLM,
+        tokenizer: ChatTokenizer,
+        device: torch.device,
+        model_name: str,
+        scheduler_config: SchedulerConfig | None = None,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.model_name = model_name
+        # None → defaults overridden by DLLM_MAX_BATCH_SIZE / DLLM_MAX_WAITING / DLLM_MAX_WAIT_MS.
+        self.scheduler_config = scheduler_config or SchedulerConfig.from_env()
+        self.stats = EngineStats()  # what the async API did; the sync API is not counted
+        self._scheduler: Scheduler | None = None  # started on first async use
+        self._scheduler_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(
@@ -30,19 +47,25 @@ class DiffusionEngine:
         path_or_hub_id: str | Path | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
+        scheduler_config: SchedulerConfig | None = None,
+        compile: bool | None = None,
     ) -> DiffusionEngine:
         """Load a LLaDA-format checkpoint: a local directory, a hub id, or (None) the embedded model.
 
         dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float32").
+        scheduler_config: batching of the async API; None → `SchedulerConfig.from_env()`.
+        compile: `torch.compile` the model forward (dynamic shapes); None → DLLM_COMPILE=1 (off by default).
         """
+        scheduler_config = scheduler_config or SchedulerConfig.from_env()  # bad env vars fail before loading
         model_dir = resolve_model_dir(path_or_hub_id)
         device = torch.device(device or default_device())
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        model = load_model(model_dir, device, dtype)
+        model = load_model(model_dir, device, dtype, compile=compile)
         tokenizer = ChatTokenizer.from_pretrained(model_dir, model.config)
-        name = str(path_or_hub_id) if path_or_hub_id is not None and not Path(path_or_hub_id).is_dir() else model_dir.name
-        return cls(model, tokenizer, device, model_name=name)
+        is_hub_id = path_or_hub_id is not None and not Path(path_or_hub_id).is_dir()
+        name = str(path_or_hub_id) if is_hub_id else model_dir.name
+        return cls(model, tokenizer, device, model_name=name, scheduler_config=scheduler_config)
 
     @property
     def max_sequence_length(self) -> int:
@@ -118,3 +141,60 @@ class DiffusionEngine:
             if event.finished:
                 return event.result
         raise RuntimeError("the sampler stopped without finishing")  # unreachable: every canvas fills up
+
+    # --- the async API (the HTTP service): denoising runs on the scheduler thread, batched -----------
+
+    async def astream(
+        self,
+        messages: list[dict] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+    ) -> AsyncIterator[StepEvent]:
+        """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
+
+        Raises, before any event: InvalidParameter / ValueError (bad input), EngineOverloaded (waiting
+        queue full), EngineShutdown. Later: the exception the request's step raised. Leaving the loop
+        early, `aclose()` or cancelling the task frees the request's batch slot at the next step.
+        """
+        # Tokenizing and building the canvas are cheap host work (no model compute): done right here, so
+        # validation errors surface before any event and requests are queued in call order.
+        request = self.new_request(messages, prompt_token_ids, params)
+        handle = self._running_scheduler().submit(request, asyncio.get_running_loop())
+        try:
+            while True:
+                item = await handle.events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            handle.cancel()  # no-op once finished; otherwise the consumer left early
+
+    async def agenerate(
+        self,
+        messages: list[dict] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+    ) -> GenerationResult:
+        """`generate` for the event loop: the result of `astream`'s last event (same errors)."""
+        async with aclosing(self.astream(messages, prompt_token_ids, params)) as events:
+            async for event in events:
+                if event.finished:
+                    return event.result
+        raise RuntimeError("the sampler stopped without finishing")  # unreachable: every canvas fills up
+
+    def shutdown(self, drain: bool = False, timeout: float | None = None) -> None:
+        """Stop the scheduler thread. Pending async requests fail with EngineShutdown (drain=False) or are
+        finished first (drain=True); none is left hanging. A later async call starts a fresh scheduler."""
+        with self._scheduler_lock:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.shutdown(drain=drain, timeout=timeout)
+
+    def _running_scheduler(self) -> Scheduler:
+        with self._scheduler_lock:
+            if self._scheduler is None or not self._scheduler.alive:
+                self._scheduler = Scheduler(self, self.scheduler_config, self.stats)
+                self._scheduler.start()
+            return self._scheduler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -50,12 +51,43 @@ def weight_files(model_dir: Path) -> list[Path]:
     raise FileNotFoundError(f"{model_dir} has neither model.safetensors nor model.safetensors.index.json")
 
 
-def load_model(model_dir: Path, device: str | torch.device, dtype: torch.dtype | None = None) -> LLaDAModelLM:
+def compile_from_env() -> bool:
+    """DLLM_COMPILE=1 turns on `torch.compile` of the model forward (off by default)."""
+    raw = os.environ.get("DLLM_COMPILE", "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"DLLM_COMPILE must be 1 or 0, got {raw!r}")
+
+
+def compile_model(model: LLaDAModelLM) -> LLaDAModelLM:
+    """`torch.compile` the transformer blocks in place (module, state dict and `model.config` unchanged).
+
+    Regional compilation: the blocks hold all the compute, and since every block runs the same code one
+    compiled graph serves all of them, so warm-up costs one block's compilation instead of the whole
+    forward's (about 4x shorter in a CPU measurement). Embedding, final norm, the candidate gather and
+    the LM head stay eager: one kernel each, and keeping the number of candidates out of the graph
+    avoids recompiles.
+    dynamic=True: batch size and canvas length change from step to step. Still compiled separately:
+    batch 1 vs larger (torch specialises size-1 dims) and padded vs unpadded batches; see docs/gpu.md.
+    """
+    for block in model.model.transformer.blocks:
+        block.compile(dynamic=True)
+    return model
+
+
+def load_model(
+    model_dir: Path, device: str | torch.device, dtype: torch.dtype | None = None, compile: bool | None = None
+) -> LLaDAModelLM:
     """Build the model on the meta device, then read each tensor straight onto `device` in `dtype`.
 
     No full-precision copy of the weights is ever held in host memory: safetensors reads each tensor
-    onto the target device and it is cast there, one tensor at a time.
+    onto the target device and it is cast there, one tensor at a time (a bf16 checkpoint loaded in bf16
+    is never cast at all).
+    compile: `torch.compile` the transformer blocks (`compile_model`); None → DLLM_COMPILE (off unless 1).
     """
+    compile = compile_from_env() if compile is None else compile
     config = LLaDAConfig.from_file(model_dir / "config.json")
     dtype = dtype or default_dtype(device)
     with torch.device("meta"):
@@ -73,4 +105,5 @@ def load_model(model_dir: Path, device: str | torch.device, dtype: torch.dtype |
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
     model.load_state_dict(state, assign=True)
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    return compile_model(model) if compile else model

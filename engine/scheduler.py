@@ -1,0 +1,357 @@
+"""Step-level batching: one thread owns the model and advances every active request together (DESIGN §7).
+
+Each iteration of the scheduler thread
+1. admits waiting requests (FIFO) into free slots, up to `max_batch_size` active requests;
+2. drops requests whose consumer went away (cancelled), freeing their slots;
+3. picks the step's batch (see `next_batch`): normally every active request, so they share ONE forward;
+4. runs `engine.step(batch)` (one left-padded forward, then each request's own sampler step);
+5. hands each request its `StepEvent` (or the exception its step raised) on its consumer's event loop;
+6. retires finished, failed and cancelled requests.
+
+A request therefore joins at the next step after it arrives and leaves as soon as it is done: nobody waits
+for a batch to drain (the diffusion analogue of continuous batching). Requests with different prompts,
+canvas sizes and sampling settings share a forward; the sampler keeps every per-request decision separate.
+
+Threads: the asyncio side only calls `submit()` and `RequestHandle.cancel()`, which take a lock for a few
+list operations; torch runs on the scheduler thread alone. Events travel back through
+`loop.call_soon_threadsafe` into one asyncio.Queue per request, one wake-up per loop per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.sampler import DenoisingRequest, StepEvent
+from engine.stats import EngineStats
+
+logger = logging.getLogger(__name__)
+
+# Padding policy: rows of one forward are padded to the longest canvas, so a batch whose longest canvas is
+# more than this factor longer than its shortest wastes more than half of some rows' compute. Such an
+# active set is split into length groups that take turns (see `next_batch`).
+MAX_PADDING_RATIO = 2.0
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full: the caller should retry later (HTTP 429)."""
+
+    def __init__(self, running: int, waiting: int, max_batch_size: int, max_waiting: int):
+        super().__init__(
+            f"the engine is at capacity ({running} requests running, {waiting} waiting; "
+            f"max_batch_size={max_batch_size}, max_waiting={max_waiting}); retry later"
+        )
+        self.running = running
+        self.waiting = waiting
+
+
+class EngineShutdown(RuntimeError):
+    """The engine was shut down before the request could finish."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the scheduler batches. Defaults per DESIGN §6; env vars in `from_env`.
+
+    max_batch_size: active requests at most (they share each forward).
+    max_waiting: accepted requests beyond those, queued for a slot; one more raises EngineOverloaded.
+    max_wait_ms: when the scheduler is idle and a request arrives, wait up to this long for more to
+        arrive (until max_batch_size are waiting) before the first forward, so a burst starts together.
+        0 starts at once; a request arriving later simply joins at the next step.
+    """
+
+    max_batch_size: int = 8
+    max_waiting: int = 256
+    max_wait_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("max_batch_size", 1), ("max_waiting", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"SchedulerConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
+        wait = self.max_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
+            raise ValueError(f"SchedulerConfig.max_wait_ms must be a finite number ≥ 0, got {wait!r}")
+
+    ENV_VARS = {
+        "max_batch_size": "DLLM_MAX_BATCH_SIZE",
+        "max_waiting": "DLLM_MAX_WAITING",
+        "max_wait_ms": "DLLM_MAX_WAIT_MS",
+    }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SchedulerConfig:
+        """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING and DLLM_MAX_WAIT_MS."""
+        environ = os.environ if environ is None else environ
+        values: dict = {}
+        for name, var in cls.ENV_VARS.items():
+            raw = environ.get(var, "").strip()
+            if not raw:
+                continue
+            parse = float if name == "max_wait_ms" else int
+            try:
+                values[name] = parse(raw)
+            except ValueError:
+                kind = "a number" if parse is float else "an integer"
+                raise ValueError(f"{var} must be {kind}, got {raw!r}") from None
+        try:
+            return cls(**values)
+        except ValueError as error:
+            raise ValueError(f"invalid scheduler setting from the environment: {error}") from None
+
+
+class StepsRequests(Protocol):
+    def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]: ...
+
+
+_Item = StepEvent | BaseException
+
+
+class RequestHandle:
+    """One submitted request as both threads see it: the consumer reads `events`, the scheduler steps it."""
+
+    def __init__(self, request: DenoisingRequest, loop: asyncio.AbstractEventLoop, scheduler: Scheduler, order: int):
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue[_Item] = asyncio.Queue()  # StepEvents, or the exception that ended it
+        self.submitted_at = time.monotonic()
+        self.order = order  # submission order: FIFO admission and a deterministic tie-break
+        self.last_stepped = -1  # scheduler iteration of this request's last step (-1: never stepped)
+        self.cancelled = False  # set by the consumer; the scheduler acts on it at its next iteration
+        self.done = False  # set by the scheduler once the last item is on its way
+        self._scheduler = scheduler
+
+    @property
+    def canvas_length(self) -> int:
+        return self.request.length
+
+    @property
+    def runs_alone(self) -> bool:
+        return self.request.params.force_single_batch
+
+    def cancel(self) -> None:
+        """Called when the consumer goes away. Frees the slot at the scheduler's next iteration."""
+        if not self.done and not self.cancelled:
+            self.cancelled = True
+            self._scheduler.wake()
+
+
+def length_groups(active: list[RequestHandle], max_ratio: float = MAX_PADDING_RATIO) -> list[list[RequestHandle]]:
+    """Split the active set into the groups that may share a forward.
+
+    A `force_single_batch` request is a group of its own (bit-reproducible output whatever the load).
+    The others, sorted by canvas length, are cut greedily wherever a canvas is more than `max_ratio`
+    times the shortest of its group, which bounds each row's padding to under (1 - 1/max_ratio) of it.
+    """
+    groups = [[handle] for handle in active if handle.runs_alone]
+    shared = sorted((h for h in active if not h.runs_alone), key=lambda h: (h.canvas_length, h.order))
+    for handle in shared:
+        if groups and not groups[-1][0].runs_alone and handle.canvas_length <= groups[-1][0].canvas_length * max_ratio:
+            groups[-1].append(handle)
+        else:
+            groups.append([handle])
+    return groups
+
+
+def next_batch(active: list[RequestHandle], max_ratio: float = MAX_PADDING_RATIO) -> list[RequestHandle]:
+    """The group holding the request that has waited longest since its last step.
+
+    Usually there is one group (everyone steps every iteration). Otherwise groups take turns: a served
+    group's requests become the most recently stepped, so every other group is served before it again
+    and none starves.
+    """
+    most_starved = min(active, key=lambda h: (h.last_stepped, h.order))
+    for group in length_groups(active, max_ratio):
+        if any(h is most_starved for h in group):
+            return sorted(group, key=lambda h: h.order)
+    raise AssertionError("every active request belongs to a group")
+
+
+def _put_all(items: list[tuple[RequestHandle, _Item]]) -> None:
+    for handle, item in items:
+        handle.events.put_nowait(item)
+
+
+class Scheduler:
+    def __init__(self, engine: StepsRequests, config: SchedulerConfig, stats: EngineStats):
+        self.engine = engine
+        self.config = config
+        self.stats = stats
+        self._cond = threading.Condition()
+        # Guarded by _cond: what submit() needs to see.
+        self._waiting: deque[RequestHandle] = deque()
+        self._running = 0
+        self._stopping = False
+        self._drain = False
+        # Owned by the scheduler thread.
+        self._active: list[RequestHandle] = []
+        self._iteration = 0
+        self._order = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
+
+    # --- called from any thread ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def submit(self, request: DenoisingRequest, loop: asyncio.AbstractEventLoop) -> RequestHandle:
+        """Queue a validated request; its events will be put on `loop`. Raises EngineOverloaded when full."""
+        with self._cond:
+            if self._stopping or not self._thread.is_alive():
+                raise EngineShutdown("the engine is shutting down and accepts no new requests")
+            waiting, capacity = len(self._waiting), self.config.max_batch_size + self.config.max_waiting
+            if self._running + waiting >= capacity:
+                raise EngineOverloaded(self._running, waiting, self.config.max_batch_size, self.config.max_waiting)
+            handle = RequestHandle(request, loop, self, next(self._order))
+            self._waiting.append(handle)
+            self.stats.request_accepted()
+            self._publish_sizes()
+            self._cond.notify()
+        return handle
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def shutdown(self, drain: bool = False, timeout: float | None = None) -> None:
+        """Stop the thread. drain=False fails every pending request with EngineShutdown at the next step
+        boundary; drain=True first finishes them (new submissions are refused either way)."""
+        with self._cond:
+            self._stopping = True
+            self._drain = drain
+            self._cond.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # --- the scheduler thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ending: BaseException = EngineShutdown("the engine was shut down before this request finished")
+        try:
+            while self._admit():
+                self._drop_cancelled()
+                if self._active:
+                    self._step(next_batch(self._active))
+        except BaseException as crash:  # noqa: BLE001 - a scheduler bug must not leave consumers hanging
+            logger.exception("the scheduler thread crashed; failing every pending request")
+            ending = crash
+        finally:
+            with self._cond:
+                self._stopping = True
+                pending = self._active + list(self._waiting)
+                self._waiting.clear()
+                self._active = []
+                self._running = 0
+                self._publish_sizes()
+            self._deliver([(h, ending) for h in pending if not h.cancelled])
+            for handle in pending:
+                if handle.cancelled:
+                    self._retire_cancelled(handle)
+                handle.done = True
+
+    def _admit(self) -> bool:
+        """Block until there is work, move waiting requests into free slots. False: time to stop."""
+        with self._cond:
+            while not (self._active or self._waiting or self._stopping):
+                self._cond.wait()
+            if self._stopping and not (self._drain and (self._active or self._waiting)):
+                return False
+            if not self._active and self.config.max_wait_ms > 0:
+                self._gather_burst()
+            if any(h.cancelled for h in self._waiting):  # a cancelled waiter frees its queue place now
+                for handle in [h for h in self._waiting if h.cancelled]:
+                    self._waiting.remove(handle)
+                    self._retire_cancelled(handle)
+            while self._waiting and len(self._active) < self.config.max_batch_size:
+                self._active.append(self._waiting.popleft())
+            self._running = len(self._active)
+            self._publish_sizes()
+            return True
+
+    def _gather_burst(self) -> None:
+        # Idle scheduler, first request in: give the rest of a burst `max_wait_ms` to arrive.
+        deadline = time.monotonic() + self.config.max_wait_ms / 1000
+        while len(self._waiting) < self.config.max_batch_size and not self._stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+
+    def _drop_cancelled(self) -> None:
+        if any(h.cancelled for h in self._active):
+            with self._cond:
+                for handle in [h for h in self._active if h.cancelled]:
+                    self._active.remove(handle)
+                    self._retire_cancelled(handle)
+                self._running = len(self._active)
+                self._publish_sizes()
+
+    def _step(self, batch: list[RequestHandle]) -> None:
+        self._iteration += 1
+        for handle in batch:
+            handle.last_stepped = self._iteration
+        try:
+            results: list[StepEvent | Exception] = self.engine.step([h.request for h in batch])
+        except Exception as error:  # noqa: BLE001 - a failed forward fails its batch, not the scheduler
+            logger.exception("a forward pass failed; failing the %d request(s) of its batch", len(batch))
+            results = [error] * len(batch)
+        else:
+            committed = sum(len(r.committed) for r in results if isinstance(r, StepEvent))
+            self.stats.forward_done(len(batch), committed)
+            for result in results:
+                if isinstance(result, Exception):
+                    logger.error("a request failed in its sampler step", exc_info=result)
+
+        outbox: list[tuple[RequestHandle, _Item]] = []
+        retired: list[RequestHandle] = []
+        for handle, result in zip(batch, results, strict=True):
+            if handle.cancelled:
+                continue  # dropped (and counted as cancelled) at the next iteration
+            outbox.append((handle, result))
+            if isinstance(result, Exception) or result.finished:
+                handle.done = True
+                retired.append(handle)
+                if isinstance(result, StepEvent):
+                    self.stats.request_completed(time.monotonic() - handle.submitted_at)
+        if retired:
+            with self._cond:
+                for handle in retired:
+                    self._active.remove(handle)
+                self._running = len(self._active)
+                self._publish_sizes()
+        self._deliver(outbox)
+
+    def _retire_cancelled(self, handle: RequestHandle) -> None:
+        handle.done = True
+        self.stats.request_cancelled()
+
+    def _publish_sizes(self) -> None:
+        self.stats.set_queue_sizes(running=self._running, waiting=len(self._waiting))
+
+    def _deliver(self, outbox: list[tuple[RequestHandle, _Item]]) -> None:
+        """One call_soon_threadsafe per event loop per step, however many requests it serves."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, _Item]]] = {}
+        for handle, item in outbox:
+            by_loop.setdefault(handle.loop, []).append((handle, item))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: its consumers are gone
+                for handle, _ in items:
+                    handle.cancelled = True
