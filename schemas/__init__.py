@@ -1,0 +1,2 @@
+"""Strict Pydantic models of the OpenAI-compatible surface (ADR 005) and the pure functions that build
+responses, stream chunks and errors. No torch, no engine, no web framework here."""

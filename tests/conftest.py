@@ -1,0 +1,111 @@
+"""Shared fixtures. Nothing here loads a model unless a test asks for the fixture.
+
+Servers: `service_client` runs the BentoML service in-process (one per test session: BentoML's
+`Service.to_asgi()` can be called only once per process); `bentoml_server` starts a real
+`bentoml serve` in a subprocess and always stops it. Both serve `DLLM_MODEL` from the environment,
+by default the embedded model (models/tiny-llada-chat).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Before any test module imports torch (OpenMP reads it once). Torch runs on the engine's scheduler thread
+# while the thread that loaded the model keeps its own OpenMP team; with active waiting the idle team spins
+# on the cores the working one needs (a 4-step request: 2 s instead of 10 ms on 2 cores). service.py sets
+# the same default for the server.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVER_START_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def service_client() -> Iterator:
+    """A starlette TestClient of the whole BentoML app (BentoML routes, the mounted FastAPI app), with its
+    lifespan running, so the engine is loaded."""
+    from starlette.testclient import TestClient
+
+    from service import DiffusionLLMService
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("DLLM_API_KEY", raising=False)  # tests that need a key set it themselves
+        with TestClient(DiffusionLLMService.to_asgi(), base_url="http://testserver") as client:
+            yield client
+
+
+@pytest.fixture(scope="session")
+def service_instance(service_client):
+    """The running service object (its `.engine`), for tests that stub engine behaviour."""
+    import bentoml
+
+    return bentoml.get_current_service()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def bentoml_server(tmp_path_factory) -> Iterator[str]:
+    """Base URL of a real `bentoml serve service:DiffusionLLMService`, ready (GET /readyz is 200)."""
+    import httpx
+
+    port = _free_port()
+    workdir = tmp_path_factory.mktemp("bentoml-serve")
+    log_path = workdir / "serve.log"
+    env = {**os.environ, "BENTOML_HOME": str(workdir / "bentoml-home"), "BENTOML_DO_NOT_TRACK": "true"}
+    env.pop("DLLM_API_KEY", None)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bentoml", "serve", "service:DiffusionLLMService", "--host", "127.0.0.1"]
+            + ["--port", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the finalizer stops BentoML's workers too
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"bentoml serve exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{base_url}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"bentoml serve not ready in {SERVER_START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield base_url
+    finally:
+        _stop_process_group(process)
+
+
+def _stop_process_group(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # whatever is left of the group (a worker that outlived its arbiter)
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)

@@ -1,0 +1,343 @@
+"""The HTTP contract in-process: response and stream shapes, X-Request-ID, API key, models, the error
+envelope for overload and failures, and what /docs documents (DESIGN §6)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from engine import EngineOverloaded, GenerationResult, SamplingParams, StepEvent
+
+URL = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
+EXTENSION_FIELDS = [
+    "num_denoising_steps",
+    "block_length",
+    "block_schedule",
+    "confidence_metric",
+    "target_length",
+    "attention_backend",
+    "force_single_batch",
+    "use_local_leap",
+    "local_leap_anchor_threshold",
+    "local_leap_neighbor_threshold",
+    "local_leap_radius",
+]
+
+
+def sse_events(text: str) -> list:
+    """`data:` payloads of an SSE body, parsed (the final "[DONE]" stays a string)."""
+    events = []
+    for block in text.split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            payload = block[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def is_uuid7(value: str) -> bool:
+    try:
+        return uuid.UUID(value).version == 7
+    except ValueError:
+        return False
+
+
+# --- non-stream ---------------------------------------------------------------------------------------
+
+
+def test_completion_shape_usage_and_resolved_parameters(service_client, service_instance):
+    body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 0.5, "seed": 11, "model": "ignored"}
+    response = service_client.post(URL, json=body)
+    assert response.status_code == 200, response.text
+    completion = response.json()
+    assert completion["object"] == "chat.completion"
+    assert completion["model"] == service_instance.engine.model_name  # the request's `model` is ignored
+    assert completion["id"] == f"chatcmpl-{response.headers['X-Request-ID']}"
+    assert isinstance(completion["created"], int)
+    (choice,) = completion["choices"]
+    assert choice["index"] == 0 and choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = completion["usage"]
+    assert usage["prompt_tokens"] > 0 and 0 <= usage["completion_tokens"] <= 8
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    diffusion = completion["diffusion"]
+    assert (diffusion["gen_length"], diffusion["seed"], diffusion["temperature"]) == (8, 11, 0.5)
+    assert 1 <= diffusion["num_forward_passes"] <= diffusion["num_denoising_steps"]
+
+
+def test_omitted_seed_is_reported_and_reproduces_the_output(service_client):
+    body = {"messages": MESSAGES, "max_tokens": 8, "temperature": 1.5}
+    first = service_client.post(URL, json=body).json()
+    again = service_client.post(URL, json={**body, "seed": first["diffusion"]["seed"]}).json()
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+
+
+def test_stop_string_cuts_the_text_and_finishes_with_stop(service_client):
+    # A prompt whose answer (from the embedded model) is several tokens long: "b-a-n-a-n-a".
+    body = {"messages": [{"role": "user", "content": "Spell banana."}], "max_tokens": 16}
+    text = service_client.post(URL, json=body).json()["choices"][0]["message"]["content"]
+    if len(text.strip()) < 2:
+        pytest.skip(f"the served model answered {text!r}: too short to cut")
+    stop = text.strip()[1]
+    completion = service_client.post(URL, json={**body, "stop": [stop]}).json()
+    assert completion["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert completion["choices"][0]["finish_reason"] == "stop"
+    assert completion["diffusion"]["stop"] == [stop]
+
+
+# --- stream -------------------------------------------------------------------------------------------
+
+
+def test_stream_chunks_follow_the_contract(service_client):
+    body = {"messages": MESSAGES, "max_tokens": 16, "block_length": 8, "temperature": 0.7, "seed": 5}
+    plain = service_client.post(URL, json=body).json()
+    response = service_client.post(
+        URL, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers={"X-Request-ID": "s-1"}
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["X-Request-ID"] == "s-1"
+    events = sse_events(response.text)
+    role, *steps, finish, usage, done = events
+    assert done == "[DONE]"
+    for chunk in events[:-1]:
+        assert chunk["id"] == "chatcmpl-s-1" and chunk["object"] == "chat.completion.chunk"
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+    # One chunk per forward pass, contiguous steps, masked_remaining never increasing.
+    assert [s["diffusion"]["step"] for s in steps] == list(range(len(steps)))
+    assert len(steps) == finish["diffusion"]["num_forward_passes"] == plain["diffusion"]["num_forward_passes"]
+    remaining = [s["diffusion"]["masked_remaining"] for s in steps]
+    assert remaining == sorted(remaining, reverse=True) and all(r >= 0 for r in remaining)
+    positions = [c["position"] for s in steps for c in s["diffusion"]["committed"]]
+    assert len(positions) == len(set(positions)) and all(0 <= p < 16 for p in positions)
+    assert [s["diffusion"]["block"] for s in steps] == sorted(s["diffusion"]["block"] for s in steps)
+    for s in steps:
+        assert set(s["choices"][0]["delta"]) == {"content"} and s["choices"][0]["finish_reason"] is None
+        for committed in s["diffusion"]["committed"]:
+            assert set(committed) == {"position", "token_id", "text"}
+
+    # Deltas concatenate to the non-stream content; the finish and usage chunks close the stream.
+    assert "".join(s["choices"][0]["delta"]["content"] for s in steps) == plain["choices"][0]["message"]["content"]
+    assert finish["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    assert finish["choices"][0]["delta"] == {}
+    assert usage["choices"] == [] and usage["usage"] == plain["usage"]
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(service_client):
+    body = {"messages": MESSAGES, "max_tokens": 4, "stream": True}
+    events = sse_events(service_client.post(URL, json=body).text)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(e["usage"] is None for e in events[:-1])
+
+
+def test_invalid_stream_request_gets_a_plain_400_not_a_stream(service_client):
+    response = service_client.post(URL, json={"messages": MESSAGES, "stream": True, "max_tokens": 10_000})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+    assert uuid.UUID(response.headers["X-Request-ID"])
+
+
+# --- X-Request-ID -------------------------------------------------------------------------------------
+
+
+def test_request_id_is_honoured_and_becomes_the_completion_id(service_client):
+    request_id = "client-id_123:abc/XYZ~" + "x" * 100
+    response = service_client.post(
+        URL, json={"messages": MESSAGES, "max_tokens": 4}, headers={"X-Request-ID": request_id}
+    )
+    assert response.headers["X-Request-ID"] == request_id
+    assert response.json()["id"] == f"chatcmpl-{request_id}"
+
+
+def test_request_line_is_logged_with_the_request_id_and_user(service_client, caplog):
+    with caplog.at_level("INFO", logger="dllm_serve"):
+        body = {"messages": MESSAGES, "max_tokens": 4, "user": "alice"}
+        service_client.post(URL, json=body, headers={"X-Request-ID": "log-1"})
+    (line,) = [r.getMessage() for r in caplog.records if "request_id=log-1" in r.getMessage()]
+    assert '"POST /v1/chat/completions" 200' in line and "user='alice'" in line
+
+
+def test_missing_request_id_is_a_fresh_uuid7(service_client):
+    first = service_client.get("/v1/models").headers["X-Request-ID"]
+    second = service_client.get("/v1/models").headers["X-Request-ID"]
+    assert is_uuid7(first) and is_uuid7(second) and first != second
+
+
+@pytest.mark.parametrize("bad_id", ["has space", "x" * 129, "", "tab\there", "caf\xe9"], ids=repr)
+def test_invalid_request_id_is_a_400_carrying_a_generated_uuid7(service_client, bad_id):
+    response = service_client.post(URL, json={"messages": MESSAGES}, headers={"X-Request-ID": bad_id.encode("latin-1")})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"], error["type"]) == ("invalid_value", "X-Request-ID", "invalid_request_error")
+    generated = response.headers["X-Request-ID"]
+    assert is_uuid7(generated) and generated in error["message"]
+
+
+def test_errors_echo_the_request_id(service_client):
+    for response in (
+        service_client.post(URL, json={"messages": MESSAGES, "top_p": 1}, headers={"X-Request-ID": "e-1"}),
+        service_client.post(URL, content=b"{", headers={"X-Request-ID": "e-1"}),
+        service_client.get("/v1/nothing-here", headers={"X-Request-ID": "e-1"}),
+    ):
+        assert response.status_code in (400, 404)
+        assert response.headers["X-Request-ID"] == "e-1"
+
+
+# --- API key ------------------------------------------------------------------------------------------
+
+
+def test_api_key_when_configured(service_client, monkeypatch):
+    monkeypatch.setenv("DLLM_API_KEY", "sekrit")
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "sekrit"},
+        {"Authorization": "Basic sekrit"},
+    ):
+        response = service_client.get("/v1/models", headers={**headers, "X-Request-ID": "k-1"})
+        assert response.status_code == 401
+        error = response.json()["error"]
+        assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+        assert response.headers["X-Request-ID"] == "k-1"
+    response = service_client.post(URL, json={"messages": MESSAGES, "top_p": 1})
+    assert response.status_code == 401  # authentication comes before validation
+    authorized = {"Authorization": "Bearer sekrit"}
+    assert service_client.get("/v1/models", headers=authorized).status_code == 200
+    ok = service_client.post(URL, json={"messages": MESSAGES, "max_tokens": 4}, headers=authorized)
+    assert ok.status_code == 200
+    assert service_client.get("/openapi.json").status_code == 200  # docs stay public
+
+
+def test_no_api_key_configured_means_open(service_client, monkeypatch):
+    monkeypatch.delenv("DLLM_API_KEY", raising=False)
+    assert service_client.get("/v1/models", headers={"Authorization": "Bearer anything"}).status_code == 200
+
+
+# --- models, unknown routes, readiness ----------------------------------------------------------------
+
+
+def test_models_lists_the_loaded_model(service_client, service_instance):
+    listing = service_client.get("/v1/models").json()
+    assert listing["object"] == "list"
+    (card,) = listing["data"]
+    assert card["id"] == service_instance.engine.model_name and card["object"] == "model"
+    assert isinstance(card["created"], int) and card["owned_by"]
+
+
+def test_unknown_v1_route_is_an_openai_shaped_404(service_client):
+    response = service_client.post("/v1/completions", json={"prompt": "hi"})
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_ready_once_the_model_is_loaded(service_client):
+    assert service_client.get("/readyz").status_code == 200
+    assert service_client.get("/livez").status_code == 200
+
+
+# --- overload and failures (engine stubbed) -----------------------------------------------------------
+
+
+def _result(params: SamplingParams) -> GenerationResult:
+    return GenerationResult(
+        token_ids=[1], canvas_ids=[1], text="x", finish_reason="length", num_forward_passes=1,
+        prompt_tokens=3, params=params, step_commits=[[0]],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_full_queue_is_a_429_with_retry_after(service_client, service_instance, monkeypatch, stream):
+    async def overloaded(*args, **kwargs):
+        raise EngineOverloaded(running=8, waiting=256, max_batch_size=8, max_waiting=256)
+        yield  # an async generator, like the real astream
+
+    monkeypatch.setattr(service_instance.engine, "astream", overloaded)
+    response = service_client.post(URL, json={"messages": MESSAGES, "stream": stream}, headers={"X-Request-ID": "o-1"})
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["message"]
+    assert int(response.headers["Retry-After"]) >= 1
+    assert response.headers["X-Request-ID"] == "o-1"
+
+
+def test_error_after_the_stream_started_is_an_error_event_then_done(service_client, service_instance, monkeypatch):
+    async def fails_mid_stream(*args, params=None, **kwargs):
+        yield StepEvent(step=0, block=0, committed=[(0, 1)], text_delta="", masked_remaining=3, finished=False)
+        raise RuntimeError("the GPU fell off the bus")
+
+    monkeypatch.setattr(service_instance.engine, "astream", fails_mid_stream)
+    response = service_client.post(URL, json={"messages": MESSAGES, "stream": True}, headers={"X-Request-ID": "m-1"})
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[1]["diffusion"]["step"] == 0
+    error = events[-2]["error"]
+    assert error["type"] == "server_error" and "m-1" in error["message"]
+    assert "GPU" not in error["message"]  # internals stay in the server log
+    assert events[-1] == "[DONE]"
+
+
+def test_unexpected_failure_is_an_openai_shaped_500(service_client, service_instance, monkeypatch):
+    async def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+        yield
+
+    monkeypatch.setattr(service_instance.engine, "astream", crashes)
+    response = service_client.post(URL, json={"messages": MESSAGES}, headers={"X-Request-ID": "c-1"})
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+    assert response.headers["X-Request-ID"] == "c-1"
+
+
+def test_failure_after_the_first_step_is_a_500_not_a_400(service_client, service_instance, monkeypatch):
+    async def fails_after_one_step(*args, **kwargs):
+        yield StepEvent(step=0, block=0, committed=[(0, 1)], text_delta="", masked_remaining=3, finished=False)
+        raise ValueError("a sampler bug, not the client's fault")
+
+    monkeypatch.setattr(service_instance.engine, "astream", fails_after_one_step)
+    response = service_client.post(URL, json={"messages": MESSAGES})
+    assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
+
+
+def test_one_failing_request_does_not_harm_the_next(service_client, service_instance, monkeypatch):
+    with monkeypatch.context() as patch:
+
+        async def crashes(*args, **kwargs):
+            raise RuntimeError("boom")
+            yield
+
+        patch.setattr(service_instance.engine, "astream", crashes)
+        assert service_client.post(URL, json={"messages": MESSAGES}).status_code == 500
+    assert service_client.post(URL, json={"messages": MESSAGES, "max_tokens": 4}).status_code == 200
+
+
+def test_stub_result_shape_matches_the_engine(service_instance):
+    # Guards the stubs above: GenerationResult's fields are what the stubs build.
+    assert _result(SamplingParams(gen_length=4)).completion_tokens == 1
+
+
+# --- /docs --------------------------------------------------------------------------------------------
+
+
+def test_docs_document_every_extension_field(service_client):
+    assert service_client.get("/docs").status_code == 200
+    spec = service_client.get("/openapi.json").json()
+    operation = spec["paths"]["/v1/chat/completions"]["post"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")
+    properties = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    for field in EXTENSION_FIELDS:
+        assert properties[field].get("description"), field
+    described = {field: properties[field]["description"] for field in EXTENSION_FIELDS}
+    assert "default 0.9" in described["local_leap_anchor_threshold"]
+    assert "1–16" in described["local_leap_radius"] and "default 4" in described["local_leap_radius"]
+    assert "1–512" in described["num_denoising_steps"] and "min(128, gen_length)" in described["num_denoising_steps"]
+    assert "deferred" in described["attention_backend"]
+    for field in ("top_p", "n", "tools", "logprobs"):
+        assert "ADR 005" in properties[field]["description"]
+    assert "Deviation" in properties["max_tokens"]["description"]
+    assert "ADR 005" in spec["info"]["description"]

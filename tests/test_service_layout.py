@@ -1,0 +1,41 @@
+"""DESIGN §1 for the HTTP side: `schemas` never imports torch, the engine or a web framework; importing
+`service.py` (what `bentoml build` does) loads no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def modules_after(statement: str) -> set[str]:
+    probe = f"import sys; {statement}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    return {name.split(".")[0] for name in out.stdout.split()}
+
+
+def test_schemas_import_no_torch_engine_or_framework():
+    loaded = modules_after(
+        "import schemas.chat, schemas.errors, schemas.openapi, schemas.request_id, schemas.responses"
+    )
+    assert not loaded & {"torch", "engine", "fastapi", "starlette", "bentoml", "transformers"}
+
+
+def test_importing_the_service_loads_no_torch():
+    loaded = modules_after("import service")
+    assert "bentoml" in loaded and "fastapi" in loaded
+    assert not loaded & {"torch", "engine", "transformers"}
+
+
+def test_schema_constants_mirror_the_engine():
+    import engine.params as engine_params
+    import schemas.chat as chat
+
+    for name in ("DEFAULT_GEN_LENGTH", "DEFAULT_STEPS", "MAX_STEPS", "MAX_STOP_STRINGS", "MAX_LOCAL_LEAP_RADIUS"):
+        assert getattr(chat, name) == getattr(engine_params, name), name
+    fields = chat.ChatCompletionRequest.model_fields
+    assert next(m.le for m in fields["temperature"].metadata if hasattr(m, "le")) == engine_params.MAX_TEMPERATURE
+    for name, default in engine_params.LOCAL_LEAP_DEFAULTS.items():
+        assert f"default {default}" in fields[name].description, name
