@@ -1,0 +1,269 @@
+"""Train the embedded default model (models/tiny-llada-chat) from scratch on 2 CPU cores.
+
+Objective: LLaDA's SFT recipe. The prompt stays clean; the response is the answer, `<|eot_id|>`, then
+`<|endoftext|>` padding up to a canvas length drawn per row; every response token is replaced by the mask
+id with probability t ~ U(eps, 1) (one t per row), and the loss is cross-entropy on masked positions only.
+Weighting (the calibration run's choice, see models/tiny-llada-chat/README.md): no 1/t factor, weight 1.0
+on answer and end-of-turn, 0.5 on the EOS padding, normalised by the total weight of the batch.
+
+The time budget is wall clock (`--minutes`): the learning-rate schedule runs on elapsed time, so a slower
+(shared) CPU gets fewer steps but a complete schedule, and the checkpoint is always written.
+
+Usage: python scripts/train_tiny_model.py [--minutes 24] [--out models/tiny-llada-chat] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+# OpenMP threads that spin while waiting made steps 10-50x slower whenever another process shared the two
+# cores; passive waiting costs little on an idle machine. Must be set before torch starts its thread pool.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+if __package__ in (None, ""):  # run as a script: make `scripts` and `engine` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.config import LLaDAConfig
+from engine.model import LLaDAModelLM
+from engine.tokenizer import ChatTokenizer
+from scripts.build_tiny_tokenizer import EOS, MASK, build_tokenizer, save_tokenizer, special_ids
+from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, heldout_examples, training_pool
+
+ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
+BATCH = 64
+LR, LR_FLOOR, WARMUP_STEPS = 3e-3, 0.05, 100
+EPS = 1e-3  # minimum mask ratio, as in LLaDA
+SHORT_CANVAS, LONG_CANVAS = 40, 128
+LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
+GROUP = 10  # batches drawn (and length-sorted) together
+EOS_PAD_WEIGHT = 0.5
+PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
+
+
+def write_checkpoint(model: LLaDAModelLM, out: Path) -> None:
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+class Batcher:
+    """Encodes the training pool once, then draws masked batches.
+
+    Rows are left-padded (hidden by the attention mask, and RoPE only sees relative offsets, so a padded
+    row computes what it would alone). Canvas lengths are drawn per row; a batch is either all-short or
+    all-long canvases so that padding stays small, while every prompt still meets every canvas length.
+    """
+
+    def __init__(self, tok: ChatTokenizer, rng: random.Random, seed: int):
+        self.tok, self.rng = tok, rng
+        self.gen = torch.Generator().manual_seed(seed)
+        self.families = list(FAMILY_WEIGHTS)
+        self.weights = list(FAMILY_WEIGHTS.values())
+        self.queue: list[list] = []
+        self.pool = {
+            f: [(tok.encode_chat(e.messages), tok.encode_text(e.answer)) for e in items]
+            for f, items in training_pool().items()
+        }
+
+    def _row(self, long: bool):
+        family = self.rng.choices(self.families, weights=self.weights)[0]
+        prompt, answer = self.rng.choice(self.pool[family])
+        low = max(len(answer) + 1, SHORT_CANVAS + 1) if long else len(answer) + 1
+        canvas = self.rng.randint(low, LONG_CANVAS if long else max(low, SHORT_CANVAS))
+        response = answer + [self.tok.eot_id] + [self.tok.eos_id] * (canvas - len(answer) - 1)
+        return prompt, response, len(answer) + 1
+
+    def draw(self):
+        """One batch from a queue refilled GROUP batches at a time: the rows of a refill are sorted by length
+        before being cut into batches, so a batch's rows have similar lengths (prompt lengths range from 20
+        to 56 tokens: without this, half of a short batch's compute would go to padding)."""
+        if not self.queue:
+            n_long = round(GROUP * LONG_SHARE)
+            for long, n_batches in ((False, GROUP - n_long), (True, n_long)):
+                rows = sorted((self._row(long) for _ in range(BATCH * n_batches)), key=lambda r: len(r[0]) + len(r[1]))
+                self.queue += [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
+            self.rng.shuffle(self.queue)
+        rows = self.queue.pop()
+        width = max(len(p) + len(r) for p, r, _ in rows)
+        ids = torch.full((BATCH, width), self.tok.eos_id, dtype=torch.long)
+        attn = torch.zeros((BATCH, width), dtype=torch.long)
+        in_response = torch.zeros((BATCH, width), dtype=torch.bool)
+        weight = torch.zeros((BATCH, width))
+        for i, (prompt, response, n_real) in enumerate(rows):
+            seq = prompt + response
+            start = width - len(seq)
+            ids[i, start:] = torch.tensor(seq)
+            attn[i, start:] = 1
+            r0 = start + len(prompt)
+            in_response[i, r0:] = True
+            weight[i, r0:] = EOS_PAD_WEIGHT
+            weight[i, r0 : r0 + n_real] = 1.0
+        t = torch.rand((BATCH, 1), generator=self.gen)
+        p_mask = (1 - EPS) * t + EPS
+        masked = in_response & (torch.rand((BATCH, width), generator=self.gen) < p_mask)
+        targets = ids[masked]
+        noisy = ids.masked_fill(masked, self.tok.mask_id)
+        return noisy, (attn if (attn == 0).any() else None), masked.nonzero(as_tuple=True), targets, weight[masked]
+
+
+@torch.no_grad()
+def generate_batch(model, tok: ChatTokenizer, prompts: list[list[int]], gen_length: int, steps: int) -> list[list[int]]:
+    """LLaDA's low-confidence remasking, temperature 0, one block, uniform quota; for checkpoint evals.
+
+    Returns each row's generated ids cut at the first EOS/EOT, with a trailing None if none was found.
+    """
+    width = max(map(len, prompts)) + gen_length
+    ids = torch.full((len(prompts), width), tok.eos_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - gen_length - len(p) : width - gen_length] = torch.tensor(p)
+        attn[i, width - gen_length - len(p) :] = 1
+    ids[:, -gen_length:] = tok.mask_id
+    attn_arg = attn if (attn == 0).any() else None
+    canvas = torch.arange(width - gen_length, width)
+    for step in range(steps):
+        k = gen_length // steps + (1 if step < gen_length % steps else 0)
+        rows = torch.arange(len(prompts)).repeat_interleave(gen_length)
+        cols = canvas.repeat(len(prompts))
+        logits = model(ids, attn_arg, logit_index=(rows, cols)).view(len(prompts), gen_length, -1).float()
+        probs = logits.softmax(-1)
+        conf, pred = probs.max(-1)
+        still = ids[:, -gen_length:] == tok.mask_id
+        conf = conf.masked_fill(~still, -1.0)
+        chosen = conf.topk(k, dim=-1).indices
+        region = ids[:, -gen_length:]
+        region.scatter_(1, chosen, pred.gather(1, chosen))
+        ids[:, -gen_length:] = region
+    out = []
+    for row in ids[:, -gen_length:].tolist():
+        stop = next((j for j, x in enumerate(row) if x in tok.stop_ids), None)
+        out.append(row if stop is None else row[:stop] + [-1])  # -1 marks "stopped"
+    return out
+
+
+def quick_eval(model, tok, examples, gen_length: int, steps: int) -> tuple[float, float]:
+    model.eval()
+    outs = generate_batch(model, tok, [tok.encode_chat(e.messages) for e in examples], gen_length, steps)
+    model.train()
+    hits = stops = 0
+    for e, o in zip(examples, outs):
+        stopped = bool(o) and o[-1] == -1
+        text = tok.decode(o[:-1] if stopped else o)
+        hits += text.strip() == e.answer
+        stops += stopped
+    return hits / len(examples), stops / len(examples)
+
+
+def init_weights(model: LLaDAModelLM) -> None:
+    """GPT-2 style: N(0, 0.02), residual output projections scaled down by sqrt(2 * layers)."""
+    depth_scale = math.sqrt(2 * model.config.n_layers)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            residual_out = ".blocks." in name and name.endswith(("attn_out.weight", "ff_out.weight"))
+            torch.nn.init.normal_(p, std=0.02 / depth_scale if residual_out else 0.02)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=24.0, help="wall-clock training budget")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(2)
+    # Tiny gradients underflow to denormals early on; without this some steps took 20x longer on this CPU.
+    torch.set_flush_denormal(True)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Tokenizer first: the config needs its special ids; embedding rows are padded to a multiple of 64.
+    hf_tok = build_tokenizer()
+    save_tokenizer(hf_tok, out)
+    ids = special_ids(hf_tok)
+    vocab_rows = -(-hf_tok.get_vocab_size() // 64) * 64
+    config = LLaDAConfig(
+        **ARCH,
+        vocab_size=vocab_rows,
+        max_sequence_length=512,
+        mask_token_id=ids[MASK],
+        eos_token_id=ids[EOS],
+        pad_token_id=ids[EOS],
+    )
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    tok = ChatTokenizer.from_pretrained(out, config)
+
+    model = LLaDAModelLM(config)
+    init_weights(model)
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LR,
+        betas=(0.9, 0.98),
+    )
+    batcher = Batcher(tok, rng, args.seed)
+    probe = heldout_examples(120)
+    vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
+    print(f"params {model.num_parameters():,}  {vocab}  budget {args.minutes} min", flush=True)
+
+    budget = args.minutes * 60
+    start = time.time()
+    last_print = last_eval = start
+    step, running = 0, None
+    while (elapsed := time.time() - start) < budget:
+        progress = elapsed / budget
+        cosine = LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress))
+        lr = LR * min(1.0, (step + 1) / WARMUP_STEPS) * cosine
+        for group in opt.param_groups:
+            group["lr"] = lr
+        noisy, attn, index, targets, weight = batcher.draw()
+        if targets.numel() == 0:
+            continue
+        logits = model(noisy, attn, logit_index=index)
+        ce = F.cross_entropy(logits.float(), targets, reduction="none")
+        loss = (ce * weight).sum() / weight.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        now = time.time()
+        if now - last_print >= PROGRESS_EVERY_S:
+            rate = step / (now - start)
+            print(
+                f"{(now - start) / 60:5.1f} min  step {step:5d}  loss {running:.4f}  lr {lr:.2e}  {rate:.2f} steps/s",
+                flush=True,
+            )
+            last_print = now
+        if now - last_eval >= EVAL_EVERY_S:
+            acc, stop = quick_eval(model, tok, probe, 32, 32)
+            print(f"  checkpoint eval (120 held-out, gen 32, 32 steps): exact {acc:.1%}  stop {stop:.1%}", flush=True)
+            write_checkpoint(model, out)
+            last_eval = time.time()
+
+    model.eval()
+    write_checkpoint(model, out)
+    minutes = (time.time() - start) / 60
+    final = heldout_examples(400)
+    for steps in (32, 16):
+        acc, stop = quick_eval(model, tok, final, 32, steps)
+        print(f"final eval (400 held-out, gen 32, {steps} steps): exact {acc:.1%}  stop {stop:.1%}", flush=True)
+    print(f"done: {step} steps in {minutes:.1f} min -> {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
