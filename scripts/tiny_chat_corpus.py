@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from functools import cache
+from functools import lru_cache
 
 HELDOUT_PERCENT = 15
 
@@ -40,9 +40,7 @@ FACTS = [
     ]
 ] + [
     (["What color is {x}?", "What is the color of {x}?", "Tell me the color of {x}."], x, a)
-    for x, a in [
-        ("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("the sun", "yellow"), ("a lemon", "yellow"),
-    ]
+    for x, a in [("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("the sun", "yellow"), ("a lemon", "yellow")]
 ] + [
     (["How many legs does {x} have?", "How many legs has {x}?", "Count the legs of {x}."], x, a)
     for x, a in [("a dog", "4"), ("a spider", "8"), ("a bird", "2"), ("a fish", "0"), ("a cat", "4")]
@@ -62,17 +60,16 @@ REPLY = ["Nice to meet you, {n}.", "Hello, {n}!"]
 ASK_NAME = ["What is my name?", "Do you remember my name?", "Who am I?"]
 
 # Sampling weight of each family in training: the families that need arithmetic-like structure
-# get more steps: in the first shipped run, plus/minus (53%), comparisons (80%) and successor (12%) lagged
-# while counting, spelling, repetition and names were learned fully.
+# (plus/minus, counting, spelling) get more steps; the calibration run found those the slowest to learn.
 FAMILY_WEIGHTS = {
-    "arithmetic": 4.0,
-    "compare": 2.0,
-    "count": 1.5,
-    "successor": 2.0,
-    "spell": 1.0,
+    "arithmetic": 2.0,
+    "compare": 1.0,
+    "count": 2.0,
+    "successor": 1.0,
+    "spell": 1.5,
     "facts": 0.75,
-    "repeat": 1.0,
-    "name": 0.75,
+    "repeat": 1.5,
+    "name": 1.0,
 }
 
 
@@ -183,7 +180,7 @@ def is_heldout(example: Example) -> bool:
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
 
 
-@cache
+@lru_cache(maxsize=None)
 def _split() -> tuple[dict[str, list[Example]], dict[str, list[Example]]]:
     train: dict[str, list[Example]] = {}
     heldout: dict[str, list[Example]] = {}
