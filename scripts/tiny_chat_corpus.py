@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 HELDOUT_PERCENT = 15
 
@@ -40,7 +40,9 @@ FACTS = [
     ]
 ] + [
     (["What color is {x}?", "What is the color of {x}?", "Tell me the color of {x}."], x, a)
-    for x, a in [("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("the sun", "yellow"), ("a lemon", "yellow")]
+    for x, a in [
+        ("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("the sun", "yellow"), ("a lemon", "yellow"),
+    ]
 ] + [
     (["How many legs does {x} have?", "How many legs has {x}?", "Count the legs of {x}."], x, a)
     for x, a in [("a dog", "4"), ("a spider", "8"), ("a bird", "2"), ("a fish", "0"), ("a cat", "4")]
@@ -180,7 +182,7 @@ def is_heldout(example: Example) -> bool:
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
 
 
-@lru_cache(maxsize=None)
+@cache
 def _split() -> tuple[dict[str, list[Example]], dict[str, list[Example]]]:
     train: dict[str, list[Example]] = {}
     heldout: dict[str, list[Example]] = {}
