@@ -20,11 +20,13 @@ list operations; torch runs on the scheduler thread alone. Events travel back th
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,10 +37,9 @@ from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
-# Padding policy: rows of one forward are padded to the longest canvas, so a batch whose longest canvas is
-# more than this factor longer than its shortest wastes more than half of some rows' compute. Such an
-# active set is split into length groups that take turns (see `next_batch`).
-MAX_PADDING_RATIO = 2.0
+# Padding policy (see `ForwardCost` and `length_groups`): until the cost of a forward has been measured,
+# merging a length group saves a forward only if the forward's fixed cost exceeds this many padded tokens.
+PRIOR_OVERHEAD_TOKENS = 256.0
 
 
 class EngineOverloaded(RuntimeError):
@@ -144,24 +145,76 @@ class RequestHandle:
             self._scheduler.wake()
 
 
-def length_groups(active: list[RequestHandle], max_ratio: float = MAX_PADDING_RATIO) -> list[list[RequestHandle]]:
-    """Split the active set into the groups that may share a forward.
+class ForwardCost:
+    """Seconds per forward ≈ overhead + per_token × (rows × width), fitted online over recent forwards.
+
+    Padding is the one cost a shared forward adds: every row is computed at the batch's widest canvas.
+    Splitting the batch saves that padding but pays the forward's fixed cost (kernel launches, weight
+    reads, Python) once more. Which wins depends on the device and the model by orders of magnitude (a
+    small model on a CPU is compute-bound from batch 1; an LLM on a GPU is bound by weight reads until
+    thousands of tokens), so the ratio, `overhead_tokens`, is measured rather than configured: a
+    least-squares line through recent (tokens, seconds) pairs, with exponential forgetting.
+    """
+
+    DECAY = 0.98  # weight of the previous observations at each new one: the fit follows ~50 forwards
+    MIN_WEIGHT = 8.0  # observations (decayed) before the fit is trusted
+    MIN_SPREAD = 0.1  # std of the token counts, relative to their mean, needed to separate the two terms
+    OUTLIER_FACTOR = 2.0  # a forward slower than this × the prediction (a GC pause, a compile) counts as this
+
+    def __init__(self, prior_overhead_tokens: float = PRIOR_OVERHEAD_TOKENS):
+        self.overhead_tokens = prior_overhead_tokens
+        self._sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
+        self._line: tuple[float, float] | None = None  # (intercept s, slope s/token) once fitted
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if self._line is not None:
+            seconds = min(seconds, self.OUTLIER_FACTOR * (self._line[0] + self._line[1] * tokens))
+        self._sums = [total * self.DECAY for total in self._sums]
+        for i, value in enumerate((1.0, tokens, seconds, tokens * tokens, tokens * seconds)):
+            self._sums[i] += value
+        w, sx, sy, sxx, sxy = self._sums
+        mean_x, mean_y = sx / w, sy / w
+        variance = sxx / w - mean_x * mean_x
+        if w < self.MIN_WEIGHT or variance <= (self.MIN_SPREAD * mean_x) ** 2:
+            return  # every recent forward had about the same size: the two terms cannot be told apart
+        slope = (sxy / w - mean_x * mean_y) / variance
+        if slope <= 0:
+            return  # noise: more tokens cannot be cheaper
+        intercept = max(mean_y - slope * mean_x, 0.0)
+        self._line = (intercept, slope)
+        self.overhead_tokens = intercept / slope
+
+
+def length_groups(active: list[RequestHandle], overhead_tokens: float) -> list[list[RequestHandle]]:
+    """Split the active set into the groups that share a forward, at the least estimated cost per round.
 
     A `force_single_batch` request is a group of its own (bit-reproducible output whatever the load).
-    The others, sorted by canvas length, are cut greedily wherever a canvas is more than `max_ratio`
-    times the shortest of its group, which bounds each row's padding to under (1 - 1/max_ratio) of it.
+    The others, sorted by canvas length, are cut into contiguous groups minimising
+    Σ_groups (overhead_tokens + rows × widest canvas): the cost, in tokens, of one round in which every
+    request steps once. Minimising it maximises throughput and minimises every request's time per step
+    alike. A dynamic programme over at most max_batch_size requests; ties keep groups merged.
     """
-    groups = [[handle] for handle in active if handle.runs_alone]
+    singles = [[handle] for handle in active if handle.runs_alone]
     shared = sorted((h for h in active if not h.runs_alone), key=lambda h: (h.canvas_length, h.order))
-    for handle in shared:
-        if groups and not groups[-1][0].runs_alone and handle.canvas_length <= groups[-1][0].canvas_length * max_ratio:
-            groups[-1].append(handle)
-        else:
-            groups.append([handle])
-    return groups
+    if not shared or len(shared) * (shared[-1].canvas_length - shared[0].canvas_length) <= overhead_tokens:
+        # All the padding together costs less than one extra forward: no split can be cheaper.
+        return singles + ([shared] if shared else [])
+    best = [0.0] + [float("inf")] * len(shared)  # best[j]: cheapest split of shared[:j]
+    cut = [0] * (len(shared) + 1)
+    for j in range(1, len(shared) + 1):
+        width = shared[j - 1].canvas_length
+        for i in range(j):
+            cost = best[i] + overhead_tokens + (j - i) * width
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(shared)
+    while j > 0:
+        groups.append(shared[cut[j] : j])
+        j = cut[j]
+    return singles + groups[::-1]
 
 
-def next_batch(active: list[RequestHandle], max_ratio: float = MAX_PADDING_RATIO) -> list[RequestHandle]:
+def next_batch(active: list[RequestHandle], overhead_tokens: float) -> list[RequestHandle]:
     """The group holding the request that has waited longest since its last step.
 
     Usually there is one group (everyone steps every iteration). Otherwise groups take turns: a served
@@ -169,10 +222,21 @@ def next_batch(active: list[RequestHandle], max_ratio: float = MAX_PADDING_RATIO
     and none starves.
     """
     most_starved = min(active, key=lambda h: (h.last_stepped, h.order))
-    for group in length_groups(active, max_ratio):
+    for group in length_groups(active, overhead_tokens):
         if any(h is most_starved for h in group):
             return sorted(group, key=lambda h: h.order)
     raise AssertionError("every active request belongs to a group")
+
+
+# Schedulers whose thread may still run. At interpreter exit they are stopped before finalisation starts:
+# a daemon thread still inside torch or a condition wait while the runtime tears down can abort the process.
+_live_schedulers: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_schedulers() -> None:
+    for scheduler in list(_live_schedulers):
+        scheduler.shutdown(timeout=5.0)
 
 
 def _put_all(items: list[tuple[RequestHandle, _Item]]) -> None:
@@ -195,11 +259,13 @@ class Scheduler:
         self._active: list[RequestHandle] = []
         self._iteration = 0
         self._order = itertools.count()
+        self.forward_cost = ForwardCost()
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
 
     # --- called from any thread ---------------------------------------------------------------------
 
     def start(self) -> None:
+        _live_schedulers.add(self)
         self._thread.start()
 
     @property
@@ -247,7 +313,7 @@ class Scheduler:
             while self._admit():
                 self._drop_cancelled()
                 if self._active:
-                    self._step(next_batch(self._active))
+                    self._step(next_batch(self._active, self.forward_cost.overhead_tokens))
         except BaseException as crash:  # noqa: BLE001 - a scheduler bug must not leave consumers hanging
             logger.exception("the scheduler thread crashed; failing every pending request")
             ending = crash
@@ -306,12 +372,15 @@ class Scheduler:
         self._iteration += 1
         for handle in batch:
             handle.last_stepped = self._iteration
+        started = time.perf_counter()
         try:
             results: list[StepEvent | Exception] = self.engine.step([h.request for h in batch])
         except Exception as error:  # noqa: BLE001 - a failed forward fails its batch, not the scheduler
             logger.exception("a forward pass failed; failing the %d request(s) of its batch", len(batch))
             results = [error] * len(batch)
         else:
+            width = max(h.canvas_length for h in batch)
+            self.forward_cost.observe(len(batch) * width, time.perf_counter() - started)
             committed = sum(len(r.committed) for r in results if isinstance(r, StepEvent))
             self.stats.forward_done(len(batch), committed)
             for result in results:

@@ -19,12 +19,6 @@ from pathlib import Path
 
 import pytest
 
-# Before any test module imports torch (OpenMP reads it once). Torch runs on the engine's scheduler thread
-# while the thread that loaded the model keeps its own OpenMP team; with active waiting the idle team spins
-# on the cores the working one needs (a 4-step request: 2 s instead of 10 ms on 2 cores). service.py sets
-# the same default for the server.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 180
 
