@@ -34,10 +34,12 @@ from safetensors.torch import save_file  # noqa: E402
 if __package__ in (None, ""):  # run as a script: make `scripts` and `engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine import DiffusionEngine, SamplingParams
 from engine.config import LLaDAConfig
 from engine.model import LLaDAModelLM
 from engine.tokenizer import ChatTokenizer
 from scripts.build_tiny_tokenizer import EOS, MASK, build_tokenizer, save_tokenizer, special_ids
+from scripts.eval_tiny_model import run as run_heldout
 from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, heldout_examples, training_pool
 
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
@@ -116,51 +118,15 @@ class Batcher:
         return noisy, (attn if (attn == 0).any() else None), masked.nonzero(as_tuple=True), targets, weight[masked]
 
 
-@torch.no_grad()
-def generate_batch(model, tok: ChatTokenizer, prompts: list[list[int]], gen_length: int, steps: int) -> list[list[int]]:
-    """LLaDA's low-confidence remasking, temperature 0, one block, uniform quota; for checkpoint evals.
-
-    Returns each row's generated ids cut at the first EOS/EOT, with a trailing None if none was found.
-    """
-    width = max(map(len, prompts)) + gen_length
-    ids = torch.full((len(prompts), width), tok.eos_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - gen_length - len(p) : width - gen_length] = torch.tensor(p)
-        attn[i, width - gen_length - len(p) :] = 1
-    ids[:, -gen_length:] = tok.mask_id
-    attn_arg = attn if (attn == 0).any() else None
-    canvas = torch.arange(width - gen_length, width)
-    for step in range(steps):
-        k = gen_length // steps + (1 if step < gen_length % steps else 0)
-        rows = torch.arange(len(prompts)).repeat_interleave(gen_length)
-        cols = canvas.repeat(len(prompts))
-        logits = model(ids, attn_arg, logit_index=(rows, cols)).view(len(prompts), gen_length, -1).float()
-        probs = logits.softmax(-1)
-        conf, pred = probs.max(-1)
-        still = ids[:, -gen_length:] == tok.mask_id
-        conf = conf.masked_fill(~still, -1.0)
-        chosen = conf.topk(k, dim=-1).indices
-        region = ids[:, -gen_length:]
-        region.scatter_(1, chosen, pred.gather(1, chosen))
-        ids[:, -gen_length:] = region
-    out = []
-    for row in ids[:, -gen_length:].tolist():
-        stop = next((j for j, x in enumerate(row) if x in tok.stop_ids), None)
-        out.append(row if stop is None else row[:stop] + [-1])  # -1 marks "stopped"
-    return out
-
-
 def quick_eval(model, tok, examples, gen_length: int, steps: int) -> tuple[float, float]:
+    """Exact match and share ending in EOS/EOT, decoded by the engine's own sampler (temperature 0)."""
+    engine = DiffusionEngine(model, tok, torch.device("cpu"), model_name="training checkpoint")
+    params = SamplingParams(gen_length=gen_length, num_denoising_steps=steps)
     model.eval()
-    outs = generate_batch(model, tok, [tok.encode_chat(e.messages) for e in examples], gen_length, steps)
+    results = run_heldout(engine, examples, params, batch=32)
     model.train()
-    hits = stops = 0
-    for e, o in zip(examples, outs):
-        stopped = bool(o) and o[-1] == -1
-        text = tok.decode(o[:-1] if stopped else o)
-        hits += text.strip() == e.answer
-        stops += stopped
+    hits = sum(r.text.strip() == e.answer for e, r in zip(examples, results))
+    stops = sum(r.finish_reason == "stop" for r in results)
     return hits / len(examples), stops / len(examples)
 
 
