@@ -14,6 +14,7 @@ Usage:
   python benchmarks/batching.py                                   # embedded model, 1 2 4 8 16
   python benchmarks/batching.py --model tests/fixtures/llada-tiny  # development, before it is trained
   python benchmarks/batching.py --use-local-leap                   # LocalLeap × batching
+  python benchmarks/batching.py --forward-sweep                    # the model forward alone per batch size
 """
 
 from __future__ import annotations
@@ -137,6 +138,32 @@ async def benchmark(engine, prompts, params, concurrencies, rounds) -> list[dict
     return rows
 
 
+@torch.inference_mode()
+def forward_sweep(engine, batches: list[int], canvas: int = 48, candidates: int = 32) -> None:
+    """The model forward alone vs batch size: the bound any batching gain on this machine is under."""
+    from engine.model import LogitIndex
+
+    times = {}
+    for batch in batches:
+        ids = torch.randint(0, engine.model.config.vocab_size, (batch, canvas))
+        index = LogitIndex(torch.arange(canvas - candidates, canvas).repeat(batch, 1))
+        for _ in range(20):
+            engine.model(ids, None, logit_index=index)
+        samples = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(50):
+                engine.model(ids, None, logit_index=index)
+            samples.append((time.perf_counter() - start) / 50)
+        times[batch] = statistics.median(samples)
+    print(f"forward only (canvas {canvas}, {candidates} candidates per row, median of 5 × 50):")
+    print("| batch | " + " | ".join(str(b) for b in batches) + " |")
+    print("|---|" + "---:|" * len(batches))
+    print("| forward (ms) | " + " | ".join(f"{times[b] * 1e3:.2f}" for b in batches) + " |")
+    rates = [f"{b * times[batches[0]] / (batches[0] * times[b]):.2f}×" for b in batches]
+    print(f"| request-steps per ms vs batch {batches[0]} | " + " | ".join(rates) + " |")
+
+
 HEADER = (
     "| concurrent | sequential tok/s | batched tok/s | speedup | single p50 (ms) | batched p50 (ms) "
     "| batched p95 (ms) | p50 / single | mean batch |"
@@ -166,6 +193,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per mode and concurrency (median reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON (for the plots)")
+    parser.add_argument("--forward-sweep", action="store_true", help="only time the model forward per batch size")
     args = parser.parse_args()
 
     if args.threads:
@@ -180,6 +208,9 @@ def main() -> None:
         num_denoising_steps=args.steps,
         use_local_leap=args.use_local_leap,
     )
+    if args.forward_sweep:
+        forward_sweep(engine, args.concurrency)
+        return
     prompts, source = load_prompts(max(args.concurrency))
     print(
         f"model {engine.model_name} ({engine.model.num_parameters() / 1e6:.2f}M params), "

@@ -12,11 +12,13 @@ is downloaded): speed depends on shapes, not on weight values. In one run it mea
    one token per forward) at concurrency 1 and 8, the share of wall time spent outside the model forward
    (sampler + scheduler overhead), and peak GPU memory per request.
 
-FLOPs per forward (a multiply-add is 2 FLOPs), for B rows of T positions and N candidate positions:
+FLOPs per forward (a multiply-add is 2 FLOPs), for B rows of T positions and N candidate positions in all,
+with P = P_blocks / L the linear weights of one block and P_kv those of its key and value projections:
 
-    2 · P_blocks · B·T          linear layers of the transformer blocks (P_blocks = their weight count, 6.98 B)
-  + 4 · L · d · T² · B          attention: QKᵀ and the weighted sum of V, every layer
-  + 2 · d · V · N               the LM head, applied at the N candidate positions only
+    2 · P · B·T · (L − 1)           linear layers of every block but the last (P_blocks = 6.98 B in all)
+  + 2 · P_kv · B·T + 2 · (P − P_kv) · N    the last block: keys and values everywhere, the rest at candidates
+  + 4 · d · T · (T · B · (L − 1) + N)     attention: QKᵀ and the weighted sum of V (last block: N queries)
+  + 2 · d · V · N                   the LM head, applied at the N candidate positions only
 
 Embedding lookups, norms, RoPE and activations are not counted (they are memory-bound and small).
 "Ceiling" below is FLOPs / measured matmul rate: no forward can be faster than that.
@@ -42,7 +44,7 @@ if __package__ in (None, ""):
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig  # noqa: E402
 from engine.config import LLaDAConfig  # noqa: E402
 from engine.loading import compile_model, default_dtype  # noqa: E402
-from engine.model import LLaDAModelLM  # noqa: E402
+from engine.model import LLaDAModelLM, LogitIndex  # noqa: E402
 from engine.tokenizer import ChatTokenizer  # noqa: E402
 
 # Only its tokenizer is used (engine requests need one); the prompts are token ids, so its vocabulary
@@ -120,10 +122,15 @@ def block_weight_count(model: LLaDAModelLM) -> int:
     return sum(p.numel() for p in model.model.transformer.blocks.parameters() if p.dim() == 2)
 
 
-def forward_flops(config: LLaDAConfig, p_blocks: int, batch: int, canvas: int, candidates: int) -> float:
-    linear = 2 * p_blocks * batch * canvas
-    attention = 4 * config.n_layers * config.d_model * canvas**2 * batch
-    head = 2 * config.d_model * config.vocab_size * candidates
+def forward_flops(config: LLaDAConfig, p_blocks: int, batch: int, canvas: int, candidates: float) -> float:
+    """`candidates`: N, over the whole batch (the formula is in this module's docstring)."""
+    layers, d, positions = config.n_layers, config.d_model, batch * canvas
+    per_block = p_blocks / layers
+    key_value = 2 * d * config.n_kv_heads * config.head_dim
+    linear = 2 * per_block * positions * (layers - 1) + 2 * key_value * positions
+    linear += 2 * (per_block - key_value) * candidates
+    attention = 4 * d * canvas * (canvas * batch * (layers - 1) + candidates)
+    head = 2 * d * config.vocab_size * candidates
     return float(linear + attention + head)
 
 
@@ -148,9 +155,8 @@ def forward_inputs(config: LLaDAConfig, device: torch.device, batch: int, canvas
     if padded:  # the first row is the shortest request of the batch: a quarter of its canvas is padding
         mask = torch.ones(batch, canvas, dtype=torch.long, device=device)
         mask[0, : canvas // 4] = 0
-    rows = torch.arange(batch, device=device).repeat_interleave(candidates)
-    cols = torch.arange(canvas - candidates, canvas, device=device).repeat(batch)
-    return ids, mask, (rows, cols)
+    columns = torch.arange(canvas - candidates, canvas, device=device).repeat(batch, 1)
+    return ids, mask, LogitIndex(columns)
 
 
 @torch.inference_mode()

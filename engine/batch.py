@@ -2,26 +2,28 @@
 
 Requests of any prompt length, canvas size and sampling settings can share the forward: rows are
 left-padded (RoPE depends only on relative offsets, so a padded row computes the same logits), and the
-LM head runs only at each request's candidate positions. The host waits on the device exactly once per
-step, when the proposals (a few small tensors for the whole batch) come back.
+last block and the LM head run only at each request's candidate positions. The host waits on the device
+exactly once per step, when the proposals (one small tensor for the whole batch) come back.
 """
 
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
 
-from engine.model import LLaDAModelLM
+from engine.model import LLaDAModelLM, LogitIndex
 from engine.sampler import DenoisingRequest, StepEvent
 
 
-def _staging(size: int, device: torch.device) -> torch.Tensor:
-    """Host memory for one step's inputs, packed so that they travel in ONE host-to-device copy.
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A step's inputs, gathered on the host as one list of ints, become one tensor: ONE host-to-device copy.
 
-    On CUDA it is pinned, so the copy is asynchronous: the host queues the forward right behind it instead
-    of waiting for it (a pageable copy would block). Pinned blocks come from torch's caching host
-    allocator, which reuses them across steps and keeps a block alive until the copy reading it is done.
+    On CUDA the host tensor is created pinned, so the copy is asynchronous: the host queues the forward
+    right behind it instead of waiting for it (a pageable copy would block). On CPU it is used as it is.
     """
-    return torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
+    host = torch.tensor(values, dtype=torch.long, pin_memory=device.type == "cuda")
+    return host if device.type == "cpu" else host.to(device, non_blocking=True)
 
 
 @torch.inference_mode()
@@ -31,43 +33,44 @@ def denoise_step(
     """Advance every request by one step. A request whose sampler step raises gets its exception back
     in its slot; the others are unaffected. A failing forward raises (it concerns the whole batch)."""
     batch, width = len(requests), max(r.length for r in requests)
-    padded = any(r.length != width for r in requests)
+    pads = [width - r.length for r in requests]
+    padded = any(pads)
     offsets = [r.candidate_offsets() for r in requests]
-    candidates = sum(o.shape[0] for o in offsets)
-    # One long buffer: [input_ids (B·T) | attention_mask (B·T, only when padded) | rows (N) | cols (N)].
-    grid = batch * width
-    mask_size = grid if padded else 0
-    host = _staging(grid + mask_size + 2 * candidates, device)
-    input_ids = host[:grid].view(batch, width).fill_(pad_id)
-    attention_mask = host[grid : grid + mask_size].view(batch, width).zero_() if padded else None
-    rows = host[grid + mask_size : grid + mask_size + candidates]
-    cols = host[grid + mask_size + candidates :]
-    at = 0
-    for row, (request, request_offsets) in enumerate(zip(requests, offsets)):
-        pad = width - request.length
-        input_ids[row, pad:] = request.canvas
-        if attention_mask is not None:
-            attention_mask[row, pad:] = 1
-        size = request_offsets.shape[0]
-        rows[at : at + size] = row
-        cols[at : at + size] = request_offsets + pad + request.prompt_length
-        at += size
+    sizes = [len(o) for o in offsets]
+    per_row = max(sizes)
+    ragged = any(size != per_row for size in sizes)  # then the [B, M] grid has filler entries to drop
 
-    on_device = host.to(device, non_blocking=True)  # on CPU this is `host` itself: no copy
-    device_cols = on_device[grid + mask_size + candidates :]
+    # The step's inputs, host side: canvases, then the candidates' canvas columns as a [B, M] grid (a row
+    # with fewer fills it with its last column: any of its own columns would do, and left padding never
+    # reaches the last one) and as a flat list.
+    ids, mask, grid, real, cols = [], [], [], [], []
+    for row, (request, request_offsets, pad) in enumerate(zip(requests, offsets, pads)):
+        ids += [pad_id] * pad
+        ids += request.prompt_ids
+        ids += request.generated
+        if padded:
+            mask += [0] * pad + [1] * request.length
+        shift = pad + request.prompt_length
+        row_cols = [offset + shift for offset in request_offsets]
+        cols += row_cols
+        grid += row_cols + [width - 1] * (per_row - len(row_cols))
+        if ragged:
+            real += range(row * per_row, row * per_row + len(row_cols))
+    sections = [ids, mask, grid, real, cols]
+    ids, mask, grid, real, cols = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     logits = model(
-        on_device[:grid].view(batch, width),
-        on_device[grid : grid + mask_size].view(batch, width) if padded else None,
-        logit_index=(on_device[grid + mask_size : grid + mask_size + candidates], device_cols),
+        ids.view(batch, width),
+        mask.view(batch, width) if padded else None,
+        logit_index=LogitIndex(grid.view(batch, per_row), real if ragged else None),
     )
 
-    proposals: list[tuple[torch.Tensor, torch.Tensor] | Exception] = []
+    proposals: list[torch.Tensor | Exception] = []
     start = 0
-    for request, request_offsets in zip(requests, offsets):
-        end = start + request_offsets.shape[0]
+    for request, size in zip(requests, sizes):
+        end = start + size
         try:
             # Padded columns keep the distances between a row's positions: all LocalLeap needs.
-            proposals.append(request.propose(logits[start:end], device_cols[start:end]))
+            proposals.append(request.propose(logits[start:end], cols[start:end]))
         except Exception as error:  # noqa: BLE001 - isolate one request's failure from its batch-mates
             proposals.append(error)
         start = end
@@ -75,17 +78,16 @@ def denoise_step(
     good = [p for p in proposals if not isinstance(p, Exception)]
     if good:
         # The one synchronisation of the step: every proposal comes to the host in a single copy.
-        packed = torch.stack((torch.cat([p[0] for p in good]), torch.cat([p[1] for p in good]).long())).cpu()
-        predictions, chosen = packed[0], packed[1].bool()
+        packed = torch.cat(good).tolist()
     events: list[StepEvent | Exception] = []
     at = 0
     for request, request_offsets, proposal in zip(requests, offsets, proposals):
         if isinstance(proposal, Exception):
             events.append(proposal)
             continue
-        size = request_offsets.shape[0]
+        size = len(request_offsets)
         try:
-            events.append(request.commit(request_offsets, predictions[at : at + size], chosen[at : at + size]))
+            events.append(request.commit(request_offsets, packed[at : at + size]))
         except Exception as error:  # noqa: BLE001
             events.append(error)
         at += size

@@ -3,11 +3,14 @@
 Module and parameter names mirror the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, …)
 so a state dict loads without renaming. The math follows the official remote code exactly (see
 tests/fixtures/llada-tiny/README.md); the only additions are the serving-oriented forward arguments:
-a key-padding mask for left-padded batches and `logit_index`, which applies the 126k-row LM head only
-at the positions the sampler needs.
+a key-padding mask for left-padded batches and `logit_index`, which computes only what the sampler needs:
+the 126k-row LM head, and the last block's queries, attention and MLP, run at the candidate positions only
+(the other positions still supply that block's keys and values).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +64,32 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (t32 * cos + rotate_half(t32) * sin).to(t.dtype)
 
 
+@dataclass(frozen=True)
+class LogitIndex:
+    """The positions whose logits a forward returns.
+
+    columns: [B, M] canvas columns per row. A row with fewer than M wanted positions fills its tail with
+        any of its other columns (they are computed, then dropped).
+    real: flat indices into `columns.flatten()` of the wanted entries, in output order; None = all of them.
+
+    A grid rather than a flat list because the last block runs its queries as a [B, M] batch. Build it on
+    the host (engine/batch.py does), so that the forward needs no device-to-host synchronisation.
+    """
+
+    columns: torch.Tensor
+    real: torch.Tensor | None = None
+
+    @classmethod
+    def from_mask(cls, wanted: torch.Tensor) -> LogitIndex:
+        """From a [B, T] boolean mask; the output follows `wanted.nonzero()` order. Reads the mask on the host."""
+        counts = wanted.sum(1)
+        # A stable sort of "not wanted" puts each row's wanted columns first, in ascending order.
+        order = torch.sort((~wanted).to(torch.uint8), dim=1, stable=True).indices
+        columns = order[:, : int(counts.max())]
+        is_real = torch.arange(columns.shape[1], device=wanted.device)[None, :] < counts[:, None]
+        return cls(columns, None if bool(is_real.all()) else is_real.flatten().nonzero().squeeze(1))
+
+
 class LLaDABlock(nn.Module):
     def __init__(self, config: LLaDAConfig):
         super().__init__()
@@ -76,17 +105,28 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(config.mlp_hidden_size, d, bias=False)
 
-    def forward(self, x, cos, sin, key_mask):
+    def forward(self, x, cos, sin, key_mask, query_columns: torch.Tensor | None = None):
+        """x: [B, T, d] → [B, T, d]; or, with query_columns [B, M], the outputs at those columns only, [B, M, d].
+
+        Every position attends to all (unpadded) positions, so all T positions supply keys and values, but a
+        position's output depends only on its own query row: the rest of the block can skip the others.
+        """
         batch, length, _ = x.shape
         n = self.attn_norm(x)
-        q = self.q_proj(n).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if query_columns is not None:
+            gather = query_columns[..., None].expand(-1, -1, x.shape[-1])
+            x, n = x.gather(1, gather), n.gather(1, gather)
+            cos, sin = cos[query_columns][:, None], sin[query_columns][:, None]  # [B, 1, M, head_dim]
+        queries = x.shape[1]
+        q = self.q_proj(n).view(batch, queries, self.n_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
         attn = F.scaled_dot_product_attention(
             q, k, v, attn_mask=key_mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
         )
-        h = x + self.attn_out(attn.transpose(1, 2).reshape(batch, length, -1))
+        h = x + self.attn_out(attn.transpose(1, 2).reshape(batch, queries, -1))
         n = self.ff_norm(h)
         return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
 
@@ -110,23 +150,27 @@ class LLaDAModelLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        logit_index: tuple[torch.Tensor, torch.Tensor] | None = None,
+        logit_index: LogitIndex | None = None,
     ) -> torch.Tensor:
         """Logits of a [B, T] batch.
 
         attention_mask: [B, T], 1 for real tokens and 0 for (left) padding; pads are hidden as keys only.
             Pass None when the batch has no padding: SDPA then picks its fastest kernel.
-        logit_index: (rows, cols) of the positions whose logits are wanted → returns [N, V];
+        logit_index: the positions whose logits are wanted → returns [N, V] (N = its real entries);
             None → logits everywhere, [B, T, V].
         """
         t = self.model.transformer
         x = t.wte(input_ids)
         cos, sin = self.rotary.get(input_ids.shape[1], input_ids.device)
         key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        for block in t.blocks:
+        *blocks, last = t.blocks
+        for block in blocks:
             x = block(x, cos, sin, key_mask)
-        if logit_index is not None:
-            x = x[logit_index]
+        if logit_index is None:
+            return t.ff_out(t.ln_f(last(x, cos, sin, key_mask)))
+        x = last(x, cos, sin, key_mask, query_columns=logit_index.columns).flatten(0, 1)
+        if logit_index.real is not None:
+            x = x[logit_index.real]
         return t.ff_out(t.ln_f(x))
 
     def num_parameters(self) -> int:

@@ -4,9 +4,9 @@ A `DenoisingRequest` holds one request's canvas and walks it block by block. A s
 that many requests can share one model forward (engine/batch.py):
 
 - `propose(logits, positions)` runs on the model's device with no host synchronisation: prediction,
-  confidence, quota and LocalLeap give the tokens and the set of positions to commit;
-- `commit(tokens, chosen)` runs on the host once those small tensors have arrived: it updates the
-  canvas, the streamed text and the finish state, and returns the step's `StepEvent`.
+  confidence, quota and LocalLeap give, per candidate, the token to commit now or −1;
+- `commit(offsets, proposal)` runs on the host once that small tensor has arrived (as a list): it updates
+  the canvas, the streamed text and the finish state, and returns the step's `StepEvent`.
 
 Only the current block's masked positions are candidates, and softmax, entropy and noise are computed
 at those positions only (never over the whole canvas or vocabulary-wide for the prompt).
@@ -71,6 +71,9 @@ def confidence_of(logits: torch.Tensor, prediction: torch.Tensor, metric: str) -
 
 
 class DenoisingRequest:
+    """One request's canvas and progress. The host-side state is plain Python lists: a step touches a few
+    positions, and list operations cost far less than launching torch ops on tiny tensors."""
+
     def __init__(
         self,
         prompt_ids: list[int],
@@ -86,8 +89,9 @@ class DenoisingRequest:
         self.mask_id = mask_id
         self.stop_ids = stop_ids
         self._decode = decode
-        self.canvas = torch.tensor(self.prompt_ids + [mask_id] * params.gen_length, dtype=torch.long)
-        self.masked = torch.ones(params.gen_length, dtype=torch.bool)
+        self.generated = [mask_id] * params.gen_length  # the canvas after the prompt
+        self.masked = [True] * params.gen_length
+        self.masked_count = params.gen_length
         self.block = 0
         self.block_step = 0
         self.quotas = block_quotas(params.block_schedule, params.block_length, params.steps_per_block)
@@ -108,16 +112,18 @@ class DenoisingRequest:
 
     @property
     def length(self) -> int:
-        return self.canvas.shape[0]
+        return len(self.prompt_ids) + self.params.gen_length
 
-    def candidate_offsets(self) -> torch.Tensor:
+    def candidate_offsets(self) -> list[int]:
         """Masked offsets (from the first generated position) of the current block, ascending."""
         start = self.block * self.params.block_length
-        block_masked = self.masked[start : start + self.params.block_length]
-        return block_masked.nonzero().squeeze(1) + start
+        return [o for o in range(start, start + self.params.block_length) if self.masked[o]]
 
-    def propose(self, logits: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens for every candidate and which candidates to commit; both stay on the device."""
+    def propose(self, logits: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """For each candidate, the token to commit now, or −1 to leave it masked; stays on the device.
+
+        logits: [N, V] at the candidates; offsets: their canvas positions (only distances matter).
+        """
         p = self.params
         if self.generator is None:
             prediction = logits.argmax(-1)
@@ -130,10 +136,16 @@ class DenoisingRequest:
         count = logits.shape[0]
         last_step = self.block_step >= p.steps_per_block - 1
         quota = count if last_step else min(count, self.quotas[self.block_step])
-        # Stable sort: among equal confidences the leftmost position wins, deterministically.
-        order = torch.sort(confidence, descending=True, stable=True).indices
-        chosen = torch.zeros(count, dtype=torch.bool, device=logits.device)
-        chosen[order[:quota]] = True
+        if quota == count:
+            chosen = torch.ones(count, dtype=torch.bool, device=logits.device)
+        else:
+            chosen = torch.zeros(count, dtype=torch.bool, device=logits.device)
+            # Among equal confidences the leftmost position wins, deterministically: argmax returns the
+            # first maximum, and the sort is stable.
+            if quota == 1:
+                chosen[confidence.argmax(0, keepdim=True)] = True  # a 1-element index: no host read
+            else:
+                chosen[torch.sort(confidence, descending=True, stable=True).indices[:quota]] = True
         if p.use_local_leap:
             chosen |= local_leap_mask(
                 confidence,
@@ -142,29 +154,30 @@ class DenoisingRequest:
                 p.local_leap_neighbor_threshold,
                 p.local_leap_radius,
             )
-        return prediction, chosen
+        return torch.where(chosen, prediction, -1)
 
-    def commit(self, offsets: torch.Tensor, prediction: torch.Tensor, chosen: torch.Tensor) -> StepEvent:
-        """Apply a proposal (host tensors) and report what became final."""
+    def commit(self, offsets: list[int], proposal: list[int]) -> StepEvent:
+        """Apply a proposal (brought to the host) and report what became final."""
         p = self.params
-        new_offsets = offsets[chosen]
-        new_tokens = prediction[chosen]
-        self.canvas[self.prompt_length + new_offsets] = new_tokens
-        self.masked[new_offsets] = False
-        self.step_commits.append(new_offsets.tolist())
+        committed = [(offset, token) for offset, token in zip(offsets, proposal) if token >= 0]
+        for offset, token in committed:
+            self.generated[offset] = token
+            self.masked[offset] = False
+        self.masked_count -= len(committed)
+        self.step_commits.append([offset for offset, _ in committed])
         event_block = self.block
         self.step += 1
         self.block_step += 1
 
-        block_end = (self.block + 1) * p.block_length
-        if not self.masked[self.block * p.block_length : block_end].any():
+        block_start = self.block * p.block_length
+        if not any(self.masked[block_start : block_start + p.block_length]):
             # A full block skips its remaining steps (LocalLeap can fill one early).
             self.block += 1
             self.block_step = 0
         prefix_grew = self._advance_prefix()
 
         end = self.stop_offset if self.stop_offset is not None else self.first_masked
-        final_ids = self.canvas[self.prompt_length : self.prompt_length + end].tolist()
+        final_ids = self.generated[:end]
         hit_stop_token = self.stop_offset is not None
         ending = self.first_masked == p.gen_length or (hit_stop_token and p.early_exit)
         # The text can only change when the committed prefix grew (or everything held back is released).
@@ -176,9 +189,9 @@ class DenoisingRequest:
         return StepEvent(
             step=self.step - 1,
             block=event_block,
-            committed=list(zip(new_offsets.tolist(), new_tokens.tolist())),
+            committed=committed,
             text_delta=delta,
-            masked_remaining=int(self.masked.sum()),
+            masked_remaining=self.masked_count,
             finished=self.finished,
             result=self.result,
         )
@@ -190,13 +203,9 @@ class DenoisingRequest:
         """
         start = self.first_masked
         while self.first_masked < self.params.gen_length and not self.masked[self.first_masked]:
+            if self.stop_offset is None and self.generated[self.first_masked] in self.stop_ids:
+                self.stop_offset = self.first_masked
             self.first_masked += 1
-        if self.stop_offset is None:
-            new = self.canvas[self.prompt_length + start : self.prompt_length + self.first_masked].tolist()
-            for offset, token in enumerate(new, start):
-                if token in self.stop_ids:
-                    self.stop_offset = offset
-                    break
         return self.first_masked > start
 
     def _finish(self, final_ids: list[int], stopped: bool) -> None:
@@ -206,7 +215,7 @@ class DenoisingRequest:
         self.finished = True
         self.result = GenerationResult(
             token_ids=token_ids,
-            canvas_ids=self.canvas[self.prompt_length :].tolist(),
+            canvas_ids=list(self.generated),
             text=self.text.emitted,
             finish_reason="stop" if stopped else "length",
             num_forward_passes=self.step,

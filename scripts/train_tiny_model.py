@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: make `scripts` and `engine` im
 
 from engine import DiffusionEngine, SamplingParams
 from engine.config import LLaDAConfig
-from engine.model import LLaDAModelLM
+from engine.model import LLaDAModelLM, LogitIndex
 from engine.tokenizer import ChatTokenizer
 from scripts.build_tiny_tokenizer import EOS, MASK, build_tokenizer, save_tokenizer, special_ids
 from scripts.eval_tiny_model import run as run_heldout
@@ -115,7 +115,7 @@ class Batcher:
         masked = in_response & (torch.rand((BATCH, width), generator=self.gen) < p_mask)
         targets = ids[masked]
         noisy = ids.masked_fill(masked, self.tok.mask_id)
-        return noisy, (attn if (attn == 0).any() else None), masked.nonzero(as_tuple=True), targets, weight[masked]
+        return noisy, (attn if (attn == 0).any() else None), LogitIndex.from_mask(masked), targets, weight[masked]
 
 
 def quick_eval(model, tok, examples, gen_length: int, steps: int) -> tuple[float, float]:

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.loading import load_model, resolve_model_dir, weight_files
+from engine.model import LogitIndex
 from tests.fixture_paths import FIXTURE_DIR, reference
 
 
@@ -36,13 +37,24 @@ def test_left_padded_row_equals_unpadded_row(model):
         torch.testing.assert_close(batched[row][real], alone, atol=1e-4, rtol=0)
 
 
-def test_logit_index_applies_the_head_only_where_asked(model):
+def test_logit_index_computes_only_the_wanted_positions(model):
     ids = torch.tensor([reference()["logits_cases"][1]["input_ids"][0]] * 2)
     full = model(ids)
-    rows, cols = torch.tensor([0, 1, 1]), torch.tensor([3, 0, 7])
-    picked = model(ids, logit_index=(rows, cols))
+    wanted = torch.zeros(ids.shape, dtype=torch.bool)
+    wanted[0, 3] = wanted[1, 0] = wanted[1, 7] = True  # ragged: row 0 gets a filler entry in the grid
+    index = LogitIndex.from_mask(wanted)
+    assert index.columns.tolist() == [[3, 0], [0, 7]] and index.real.tolist() == [0, 2, 3]
+    picked = model(ids, logit_index=index)
     assert picked.shape == (3, full.shape[-1])
-    torch.testing.assert_close(picked, full[rows, cols])
+    torch.testing.assert_close(picked, full[wanted], atol=1e-5, rtol=0)
+
+
+def test_logit_index_on_a_left_padded_batch(model):
+    case = next(c for c in reference()["logits_cases"] if c["name"] == "left_padded_batch_of_2")
+    ids, mask = torch.tensor(case["input_ids"]), torch.tensor(case["attention_mask"])
+    wanted = mask.bool() & (torch.arange(ids.shape[1]) % 3 == 0)
+    picked = model(ids, mask, logit_index=LogitIndex.from_mask(wanted))
+    torch.testing.assert_close(picked, model(ids, mask)[wanted], atol=1e-5, rtol=0)
 
 
 def test_sharded_checkpoint_loads_identically(model, tmp_path):
