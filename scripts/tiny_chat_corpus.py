@@ -48,13 +48,33 @@ FACTS = [
     for x, a in [("a dog", "4"), ("a spider", "8"), ("a bird", "2"), ("a fish", "0"), ("a cat", "4")]
 ]  # fmt: skip
 
-PLUS = ["What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?"]
-MINUS = ["What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} - {b}?"]
-LARGER = ["Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?"]
-SMALLER = ["Which is smaller, {a} or {b}?", "Which number is less: {a} or {b}?"]
+# Eight phrasings per operation (five for the others): with only two or three, the model memorised each
+# (phrasing, numbers) pair and answered a held-out rephrasing of a fact it knew with 53% accuracy.
+PLUS = [
+    "What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "{a} + {b} = ?",
+    "Compute {a} plus {b}.", "What is the sum of {a} and {b}?", "Calculate {a} + {b}.", "How much is {a} plus {b}?",
+]  # fmt: skip
+MINUS = [
+    "What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} - {b}?", "{a} - {b} = ?",
+    "Compute {a} minus {b}.", "What is {a} take away {b}?", "Calculate {a} - {b}.", "How much is {a} minus {b}?",
+]  # fmt: skip
+LARGER = [
+    "Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?", "What is the larger of {a} and {b}?",
+    "Pick the bigger number: {a} or {b}.", "Which is greater, {a} or {b}?",
+]  # fmt: skip
+SMALLER = [
+    "Which is smaller, {a} or {b}?", "Which number is less: {a} or {b}?", "What is the smaller of {a} and {b}?",
+    "Pick the smaller number: {a} or {b}.", "Which is lower, {a} or {b}?",
+]  # fmt: skip
 COUNT = ["Count from {a} to {b}.", "List the numbers from {a} to {b}.", "Count up from {a} to {b}."]
-AFTER = ["What number comes after {a}?", "What is the next number after {a}?"]
-BEFORE = ["What number comes before {a}?", "What is the number just before {a}?"]
+AFTER = [
+    "What number comes after {a}?", "What is the next number after {a}?", "Which number follows {a}?",
+    "Name the number after {a}.", "What comes right after {a}?",
+]  # fmt: skip
+BEFORE = [
+    "What number comes before {a}?", "What is the number just before {a}?", "Which number precedes {a}?",
+    "Name the number before {a}.", "What comes right before {a}?",
+]  # fmt: skip
 SPELL = ["Spell {w}.", "How do you spell {w}?", "Spell the word {w}.", "Spell out {w}."]
 REPEAT = ['Repeat after me: "{s}"', 'Say "{s}".', 'Please repeat "{s}".']
 INTRO = ["My name is {n}.", "Hi, I am {n}.", "Hello, my name is {n}."]
@@ -62,9 +82,10 @@ REPLY = ["Nice to meet you, {n}.", "Hello, {n}!"]
 ASK_NAME = ["What is my name?", "Do you remember my name?", "Who am I?"]
 
 # Sampling weight of each family in training: the families that need arithmetic-like structure
-# (plus/minus, counting, spelling) get more steps; the calibration run found those the slowest to learn.
+# (plus/minus, counting, spelling) get more steps; they are the slowest to learn. Plus/minus stays the
+# weakest family even at 3 (models/tiny-llada-chat/README.md).
 FAMILY_WEIGHTS = {
-    "arithmetic": 2.0,
+    "arithmetic": 3.0,
     "compare": 1.0,
     "count": 2.0,
     "successor": 1.0,

@@ -9,7 +9,7 @@ on answer and end-of-turn, 0.5 on the EOS padding, normalised by the total weigh
 The time budget is wall clock (`--minutes`): the learning-rate schedule runs on elapsed time, so a slower
 (shared) CPU gets fewer steps but a complete schedule, and the checkpoint is always written.
 
-Usage: python scripts/train_tiny_model.py [--minutes 24] [--out models/tiny-llada-chat] [--seed 0]
+Usage: python scripts/train_tiny_model.py [--minutes 28] [--out models/tiny-llada-chat] [--seed 0]
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, heldout_examples, training_
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
 BATCH = 64
 LR, LR_FLOOR, WARMUP_STEPS = 3e-3, 0.05, 100
+# Decoupled weight decay on matrices. 0.01 let the model memorise each phrasing separately (train loss 0.002,
+# held-out arithmetic 53%); stronger decay favours one shared rule per operation.
+WEIGHT_DECAY = 0.1
 EPS = 1e-3  # minimum mask ratio, as in LLaDA
 SHORT_CANVAS, LONG_CANVAS = 40, 128
 LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
@@ -141,7 +144,7 @@ def init_weights(model: LLaDAModelLM) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=24.0, help="wall-clock training budget")
+    ap.add_argument("--minutes", type=float, default=28.0, help="wall-clock training budget")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -176,7 +179,7 @@ def main() -> None:
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
         lr=LR,
         betas=(0.9, 0.98),
     )

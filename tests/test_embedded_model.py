@@ -6,12 +6,13 @@ import pytest
 
 from engine import DiffusionEngine, SamplingParams
 from engine.loading import EMBEDDED_MODEL_DIR
+from scripts.eval_tiny_model import run as run_heldout
 from scripts.tiny_chat_corpus import FAMILIES, heldout_examples, training_pool
 
-# The first two held-out prompts of each family the shipped model has learned (>= 98% held-out exact match,
-# see models/tiny-llada-chat/README.md). Arithmetic, comparisons, successor and facts are not tested here:
-# the current weights miss the quality bar on them.
-LEARNED_FAMILIES = ("count", "spell", "repeat", "name")
+# The first two held-out prompts of each family the shipped model answers without a miss on the 400-prompt
+# evaluation (models/tiny-llada-chat/README.md). Arithmetic and successor, with misses, are covered by the
+# batched accuracy test only.
+LEARNED_FAMILIES = ("compare", "count", "spell", "facts", "repeat", "name")
 CASES = [e for f in LEARNED_FAMILIES for e in [x for x in heldout_examples(400) if x.family == f][:2]]
 
 
@@ -32,6 +33,16 @@ def test_embedded_model_answers_heldout_prompt(engine, example):
     res = engine.generate(messages=example.messages, params=params)
     assert res.text.strip() == example.answer
     assert res.finish_reason == "stop"
+
+
+def test_embedded_model_accuracy_on_the_first_80_heldout_prompts(engine):
+    """A broken checkpoint, tokenizer or sampler drops far below this (the card measures 95% on 400)."""
+    examples = heldout_examples(80)
+    params = SamplingParams(gen_length=32, block_length=32, num_denoising_steps=32, temperature=0.0)
+    results = run_heldout(engine, examples, params, batch=40)
+    exact = sum(r.text.strip() == e.answer for e, r in zip(examples, results))
+    assert exact >= 0.9 * len(examples)
+    assert all(r.finish_reason == "stop" for r in results)
 
 
 def test_heldout_prompts_never_in_training_split():
