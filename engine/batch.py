@@ -57,11 +57,12 @@ def denoise_step(
         if ragged:
             real += range(row * per_row, row * per_row + len(row_cols))
     sections = [ids, mask, grid, real, cols]
-    ids, mask, grid, real, cols = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
+    on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
+    input_ids, attention_mask, candidate_grid, real_entries, candidate_cols = on_device
     logits = model(
-        ids.view(batch, width),
-        mask.view(batch, width) if padded else None,
-        logit_index=LogitIndex(grid.view(batch, per_row), real if ragged else None),
+        input_ids.view(batch, width),
+        attention_mask.view(batch, width) if padded else None,
+        logit_index=LogitIndex(candidate_grid.view(batch, per_row), real_entries if ragged else None),
     )
 
     proposals: list[torch.Tensor | Exception] = []
@@ -70,7 +71,7 @@ def denoise_step(
         end = start + size
         try:
             # Padded columns keep the distances between a row's positions: all LocalLeap needs.
-            proposals.append(request.propose(logits[start:end], cols[start:end]))
+            proposals.append(request.propose(logits[start:end], candidate_cols[start:end]))
         except Exception as error:  # noqa: BLE001 - isolate one request's failure from its batch-mates
             proposals.append(error)
         start = end
@@ -81,11 +82,10 @@ def denoise_step(
         packed = torch.cat(good).tolist()
     events: list[StepEvent | Exception] = []
     at = 0
-    for request, request_offsets, proposal in zip(requests, offsets, proposals):
+    for request, request_offsets, size, proposal in zip(requests, offsets, sizes, proposals):
         if isinstance(proposal, Exception):
             events.append(proposal)
             continue
-        size = len(request_offsets)
         try:
             events.append(request.commit(request_offsets, packed[at : at + size]))
         except Exception as error:  # noqa: BLE001
