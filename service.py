@@ -8,7 +8,8 @@ cheap.
 Configuration (environment): DLLM_MODEL (a local directory or hub id; default: the embedded
 models/tiny-llada-chat), DLLM_DEVICE (default cuda when available), DLLM_DTYPE (default bfloat16 on CUDA,
 float32 on CPU), DLLM_MAX_BATCH_SIZE / DLLM_MAX_WAITING / DLLM_MAX_WAIT_MS (the engine's scheduler),
-DLLM_API_KEY (when set, /v1 requires `Authorization: Bearer <key>`), DLLM_LOG_LEVEL (default INFO).
+DLLM_API_KEY (when set, /v1 requires `Authorization: Bearer <key>`), DLLM_COMPILE (1: torch.compile the
+model's blocks), DLLM_MAX_REQUEST_BYTES (default 2 MiB), DLLM_LOG_LEVEL (default INFO).
 """
 
 from __future__ import annotations
@@ -46,6 +47,34 @@ logger = logging.getLogger("dllm_serve")
 T = TypeVar("T")
 
 OVERLOAD_RETRY_AFTER_S = 1
+# A LLaDA-8B prompt fits in 4,096 tokens, a few hundred KB of JSON at most: a bigger body cannot be served,
+# and reading and tokenizing it would only cost time.
+DEFAULT_MAX_REQUEST_BYTES = 2 * 2**20
+
+
+def max_request_bytes() -> int:
+    """DLLM_MAX_REQUEST_BYTES, else the default; checked at startup, read per request like the API key."""
+    raw = os.environ.get("DLLM_MAX_REQUEST_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_REQUEST_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"DLLM_MAX_REQUEST_BYTES must be a positive integer (bytes), got {raw!r}")
+    return int(raw)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed `limit` (from Content-Length, else while
+    reading), so that an oversized upload is neither buffered nor parsed."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError.request_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError.request_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -97,6 +126,11 @@ class RequestContextMiddleware:
                 await self.app(scope, receive, send_with_request_id)
         except ClientDisconnect:  # the client left while the body was read or the stream written
             state["disconnected"] = True
+            if response["status"] is None:
+                # Nobody will read it, but the exchange must end with a response: BentoML's timeout
+                # middleware waits for the first one (up to traffic.timeout), and that pending task would
+                # also hold up the server's shutdown.
+                await Response(status_code=499)(scope, receive, send_with_request_id)
         except Exception:
             logger.exception("request %s failed", request_id)
             if response["status"] is not None:
@@ -185,11 +219,26 @@ _ERRORS = {
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)], tags=["OpenAI-compatible"])
 
 
+def model_card(engine: DiffusionEngine) -> ModelCard:
+    return ModelCard(id=engine.model_name, created=_STARTED_AT, max_sequence_length=engine.max_sequence_length)
+
+
 @v1.get("/models", response_model=ModelList, responses=_ERRORS)
 async def list_models(engine: EngineDep) -> ModelList:
     """The one loaded model."""
-    card = ModelCard(id=engine.model_name, created=_STARTED_AT, max_sequence_length=engine.max_sequence_length)
-    return ModelList(data=[card])
+    return ModelList(data=[model_card(engine)])
+
+
+@v1.get(
+    "/models/{model:path}",
+    response_model=ModelCard,
+    responses={404: {"model": ErrorResponse, "description": "Not the loaded model."}, **_ERRORS},
+)
+async def retrieve_model(model: str, engine: EngineDep) -> ModelCard:
+    """The loaded model, if `model` is its id (what the OpenAI SDK's `models.retrieve` calls)."""
+    if model != engine.model_name:
+        raise APIError.model_not_found(model, engine.model_name)
+    return model_card(engine)
 
 
 @v1.post(
@@ -201,6 +250,7 @@ async def list_models(engine: EngineDep) -> ModelList:
             "`chat.completion.chunk`s: role, one per denoising step, finish, [usage], `[DONE]`.",
             "content": {"text/event-stream": {"schema": {"$ref": CHAT_CHUNK_REF}}},
         },
+        413: {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."},
         **_ERRORS,
     },
     openapi_extra={
@@ -209,7 +259,7 @@ async def list_models(engine: EngineDep) -> ModelList:
 )
 async def create_chat_completion(request: Request, engine: EngineDep) -> Response:
     """Chat completion by diffusion (ADR 005): the body is validated strictly, see the request schema."""
-    chat = parse_chat_request(await request.body())
+    chat = parse_chat_request(await read_body(request, max_request_bytes()))
     request.state.user = chat.user
     params = sampling_params(chat)
     request_id = request.state.request_id
@@ -229,7 +279,7 @@ async def create_chat_completion(request: Request, engine: EngineDep) -> Respons
         return JSONResponse(chat_completion(request_id, created, engine.model_name, result).model_dump(mode="json"))
 
     chunks = ChunkBuilder(request_id, created, engine.model_name, engine.tokenizer.token_text)
-    include_usage = chat.stream_options is not None and chat.stream_options.include_usage
+    include_usage = chat.stream_options is not None and bool(chat.stream_options.include_usage)
     return StreamingResponse(
         sse_stream(events, first, chunks, include_usage, request),
         media_type="text/event-stream",
@@ -389,6 +439,8 @@ class DiffusionLLMService:
         # API is faster with active waiting, so only the server sets this.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from engine import DiffusionEngine
+
+        max_request_bytes()  # a bad DLLM_MAX_REQUEST_BYTES fails the start, not every request
 
         # BentoML's logging config disables loggers created before it and keeps the root at WARNING: without
         # this, the request lines (INFO) would be dropped.

@@ -43,7 +43,7 @@ if __package__ in (None, ""):
 
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig  # noqa: E402
 from engine.config import LLaDAConfig  # noqa: E402
-from engine.loading import compile_model, default_dtype  # noqa: E402
+from engine.loading import compile_model, default_dtype, dtype_from_name  # noqa: E402
 from engine.model import LLaDAModelLM, LogitIndex  # noqa: E402
 from engine.tokenizer import ChatTokenizer  # noqa: E402
 
@@ -338,7 +338,7 @@ def main() -> None:
 
     plan = SMOKE if args.tiny else FULL
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda"))
-    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
+    dtype = dtype_from_name(args.dtype) if args.dtype else default_dtype(device)
     config = plan.config
     torch.set_grad_enabled(False)
     if args.tiny and device.type == "cpu":

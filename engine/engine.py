@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
 
 import torch
 
 from engine.batch import denoise_step
-from engine.loading import default_device, load_model, resolve_model_dir
+from engine.loading import default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.model import LLaDAModelLM
 from engine.params import InvalidParameter, SamplingParams
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
@@ -40,6 +41,8 @@ class DiffusionEngine:
         self.stats = EngineStats()  # what the async API did; the sync API is not counted
         self._scheduler: Scheduler | None = None  # started on first async use
         self._scheduler_lock = threading.Lock()
+        # Tokenizes async requests off the event loop (see `astream`); one thread keeps them in call order.
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-prepare")
 
     @classmethod
     def from_pretrained(
@@ -52,7 +55,7 @@ class DiffusionEngine:
     ) -> DiffusionEngine:
         """Load a LLaDA-format checkpoint: a local directory, a hub id, or (None) the embedded model.
 
-        dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float32").
+        dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
         scheduler_config: batching of the async API; None → `SchedulerConfig.from_env()`.
         compile: `torch.compile` the model forward (dynamic shapes); None → DLLM_COMPILE=1 (off by default).
         """
@@ -60,7 +63,7 @@ class DiffusionEngine:
         model_dir = resolve_model_dir(path_or_hub_id)
         device = torch.device(device or default_device())
         if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+            dtype = dtype_from_name(dtype)
         model = load_model(model_dir, device, dtype, compile=compile)
         tokenizer = ChatTokenizer.from_pretrained(model_dir, model.config)
         is_hub_id = path_or_hub_id is not None and not Path(path_or_hub_id).is_dir()
@@ -156,9 +159,12 @@ class DiffusionEngine:
         queue full), EngineShutdown. Later: the exception the request's step raised. Leaving the loop
         early, `aclose()` or cancelling the task frees the request's batch slot at the next step.
         """
-        # Tokenizing and building the canvas are cheap host work (no model compute): done right here, so
-        # validation errors surface before any event and requests are queued in call order.
-        request = self.new_request(messages, prompt_token_ids, params)
+        # Tokenizing takes time that grows with the prompt (seconds for megabytes of text), so it runs on the
+        # engine's one preparation thread (the tokenizer releases the GIL) and the event loop keeps serving
+        # other requests meanwhile. Validation errors still surface before any event, and one thread
+        # queues requests in call order.
+        loop = asyncio.get_running_loop()
+        request = await loop.run_in_executor(self._preparer, self.new_request, messages, prompt_token_ids, params)
         handle = self._running_scheduler().submit(request, asyncio.get_running_loop())
         try:
             while True:

@@ -40,6 +40,18 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+# The weight dtypes the model runs in (its norms and RoPE upcast to float32 internally).
+SUPPORTED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """A dtype's name (DLLM_DTYPE, --dtype) → the torch dtype; names outside SUPPORTED_DTYPES are refused."""
+    try:
+        return SUPPORTED_DTYPES[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {name!r}") from None
+
+
 def weight_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.exists():

@@ -27,6 +27,7 @@ LOCAL_LEAP_DEFAULTS = {
     "local_leap_radius": 4,
 }
 MAX_LOCAL_LEAP_RADIUS = 16
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 class InvalidParameter(ValueError):
@@ -121,6 +122,8 @@ class SamplingParams:
         if self.seed is None:
             set_("seed", secrets.randbits(63))
         _require_int("seed", self.seed)
+        if not SEED_MIN <= self.seed <= SEED_MAX:
+            raise InvalidParameter("seed", f"must be between -2**63 and 2**64 - 1, got {self.seed}")
 
         self._resolve_local_leap(set_)
 

@@ -128,9 +128,11 @@ class DenoisingRequest:
         if self.generator is None:
             prediction = logits.argmax(-1)
         else:
-            # Gumbel-max in float64: argmax(l/T − log(−log U)) samples softmax(l/T) exactly.
+            # Gumbel-max in float64: argmax(l/T + g), g = −log(−log U), samples softmax(l/T) exactly. It is
+            # computed as argmax(l + T·g), the same ranking for any T > 0, because l/T overflows to inf for
+            # T near float64's smallest values (1e-308 is a valid temperature) and inf ties are garbage.
             uniform = torch.rand(logits.shape, generator=self.generator, device=logits.device, dtype=torch.float64)
-            prediction = (logits.double() / p.temperature - torch.log(-torch.log(uniform))).argmax(-1)
+            prediction = (logits.double() - p.temperature * torch.log(-torch.log(uniform))).argmax(-1)
         confidence = confidence_of(logits, prediction, p.confidence_metric)
 
         count = logits.shape[0]

@@ -100,13 +100,12 @@ class SchedulerConfig:
             parse = float if name == "max_wait_ms" else int
             try:
                 values[name] = parse(raw)
-            except ValueError:
+                cls(**{name: values[name]})  # the range check, while we still know which variable it was
+            except ValueError as error:
                 kind = "a number" if parse is float else "an integer"
-                raise ValueError(f"{var} must be {kind}, got {raw!r}") from None
-        try:
-            return cls(**values)
-        except ValueError as error:
-            raise ValueError(f"invalid scheduler setting from the environment: {error}") from None
+                reason = error if name in values else f"must be {kind}"
+                raise ValueError(f"{var}={raw!r}: {reason}") from None
+        return cls(**values)
 
 
 class StepsRequests(Protocol):

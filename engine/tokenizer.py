@@ -58,14 +58,16 @@ class ChatTokenizer:
         placeholders = [f"\ue000{uuid.uuid4().hex}\ue001" for _ in messages]
         rendered = self._render([{**m, "content": p} for m, p in zip(messages, placeholders)])
         ids: list[int] = []
+        start = 0  # an index, not a shrinking remainder string: copying the rest per message is quadratic
         for message, placeholder in zip(messages, placeholders):
-            template_part, found, rendered = rendered.partition(placeholder)
-            if not found:
+            found = rendered.find(placeholder, start)
+            if found < 0:
                 raise ValueError("the chat template dropped a message; cannot tokenize this conversation safely")
-            ids += self.hf(template_part, add_special_tokens=False)["input_ids"]
+            ids += self.hf(rendered[start:found], add_special_tokens=False)["input_ids"]
             content = message["content"]
             ids += self.encode_text(content.strip() if self._trims_content else content)
-        ids += self.hf(rendered, add_special_tokens=False)["input_ids"]
+            start = found + len(placeholder)
+        ids += self.hf(rendered[start:], add_special_tokens=False)["input_ids"]
         return ids
 
     def decode(self, ids: list[int]) -> str:

@@ -117,7 +117,9 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = _STRICT
-    include_usage: bool = Field(False, description="Send one more chunk with `usage` (and empty `choices`).")
+    include_usage: bool | None = Field(
+        None, description="Send one more chunk with `usage` (and empty `choices`). Omitted or null: false."
+    )
 
 
 # --- the request ------------------------------------------------------------------------------------

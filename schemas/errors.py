@@ -102,6 +102,23 @@ class APIError(Exception):
         return cls(405, f"Method {method} is not allowed on {path}.", code="method_not_allowed")
 
     @classmethod
+    def model_not_found(cls, model: str, served: str) -> APIError:
+        return cls(
+            404,
+            f"The model '{model}' does not exist: this server serves '{served}'.",
+            param="model",
+            code="model_not_found",
+        )
+
+    @classmethod
+    def request_too_large(cls, limit_bytes: int) -> APIError:
+        return cls(
+            413,
+            f"The request body is larger than this server accepts ({limit_bytes} bytes; DLLM_MAX_REQUEST_BYTES).",
+            code="request_too_large",
+        )
+
+    @classmethod
     def not_ready(cls) -> APIError:
         return cls(
             503,

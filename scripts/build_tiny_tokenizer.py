@@ -7,11 +7,12 @@ loads it exactly as it loads LLaDA's.
 Pre-tokenization is GPT-2's regex except that digits are split one per piece (` ?\\p{N}` instead of
 ` ?\\p{N}+`): numbers are then sequences of digit tokens, which arithmetic and counting need.
 
-Usage: python scripts/build_tiny_tokenizer.py OUT_DIR
+Usage: python scripts/build_tiny_tokenizer.py --out DIR   (default: models/tiny-llada-chat, overwritten)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -113,7 +114,9 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "models/tiny-llada-chat")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("models/tiny-llada-chat"), help="where to write the files")
+    out = parser.parse_args().out
     tokenizer = build_tokenizer()
     save_tokenizer(tokenizer, out)
     print(f"vocab {tokenizer.get_vocab_size()} tokens, specials {special_ids(tokenizer)} -> {out}")

@@ -128,9 +128,12 @@ def test_stream_chunks_follow_the_contract(service_client):
     assert usage["choices"] == [] and usage["usage"] == plain["usage"]
 
 
-def test_stream_without_include_usage_has_no_usage_chunk(service_client):
-    body = {"messages": MESSAGES, "max_tokens": 4, "stream": True}
-    events = sse_events(service_client.post(URL, json=body).text)
+@pytest.mark.parametrize("stream_options", [None, {}, {"include_usage": None}, {"include_usage": False}])
+def test_stream_without_include_usage_has_no_usage_chunk(service_client, stream_options):
+    body = {"messages": MESSAGES, "max_tokens": 4, "stream": True, "stream_options": stream_options}
+    response = service_client.post(URL, json=body)
+    assert response.status_code == 200, response.text  # null means omitted, nested fields included
+    events = sse_events(response.text)
     assert events[-1] == "[DONE]"
     assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
     assert all(e["usage"] is None for e in events[:-1])
@@ -227,6 +230,47 @@ def test_models_lists_the_loaded_model(service_client, service_instance):
     (card,) = listing["data"]
     assert card["id"] == service_instance.engine.model_name and card["object"] == "model"
     assert isinstance(card["created"], int) and card["owned_by"]
+
+
+def test_models_retrieve_the_loaded_model_by_id(service_client, service_instance):
+    name = service_instance.engine.model_name
+    listed = service_client.get("/v1/models").json()["data"][0]
+    assert service_client.get(f"/v1/models/{name}").json() == listed
+    response = service_client.get("/v1/models/GSAI-ML/LLaDA-8B-Instruct")  # hub ids contain a slash
+    assert response.status_code == 404
+    assert response.json()["error"] | {"message": None} == {
+        "message": None, "type": "invalid_request_error", "param": "model", "code": "model_not_found"
+    }  # fmt: skip
+    assert f"serves '{name}'" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_oversized_body_is_a_413_before_it_is_parsed(service_client, monkeypatch, declared):
+    monkeypatch.setenv("DLLM_MAX_REQUEST_BYTES", "1000")
+    small = json.dumps({"messages": MESSAGES, "max_tokens": 4}).encode()
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 2000}]}).encode()
+    if declared:
+        response = service_client.post(URL, content=big, headers={"Content-Type": "application/json"})
+    else:  # chunked transfer: no Content-Length, so the limit is enforced while reading
+        response = service_client.post(URL, content=iter([big[:600], big[600:]]))
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "request_too_large", None)
+    assert "1000 bytes" in error["message"] and response.headers["x-request-id"]
+    assert service_client.post(URL, content=small).status_code == 200  # below the limit: served
+
+
+def test_request_size_limit_setting(monkeypatch):
+    from service import DEFAULT_MAX_REQUEST_BYTES, max_request_bytes
+
+    monkeypatch.delenv("DLLM_MAX_REQUEST_BYTES", raising=False)
+    assert max_request_bytes() == DEFAULT_MAX_REQUEST_BYTES == 2 * 2**20
+    monkeypatch.setenv("DLLM_MAX_REQUEST_BYTES", " 65536 ")
+    assert max_request_bytes() == 65536
+    for bad in ("0", "-1", "2MB", "1e6"):
+        monkeypatch.setenv("DLLM_MAX_REQUEST_BYTES", bad)
+        with pytest.raises(ValueError, match="DLLM_MAX_REQUEST_BYTES must be a positive integer"):
+            max_request_bytes()
 
 
 def test_unknown_v1_route_is_an_openai_shaped_404(service_client):
@@ -341,3 +385,37 @@ def test_docs_document_every_extension_field(service_client):
         assert "ADR 005" in properties[field]["description"]
     assert "Deviation" in properties["max_tokens"]["description"]
     assert "ADR 005" in spec["info"]["description"]
+
+
+def test_client_leaving_mid_upload_still_ends_the_exchange(service_client):
+    """A client that closes the connection while sending the body: the app must still answer (status 499),
+    or BentoML's timeout middleware keeps the request pending for traffic.timeout (an hour), which also
+    blocks a graceful shutdown. Runs through the whole BentoML ASGI app, that middleware included."""
+    import anyio
+
+    incoming = [
+        {"type": "http.request", "body": b'{"messages": [', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    async def upload_and_leave():
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": URL, "raw_path": URL.encode(), "root_path": "", "query_string": b"",
+            "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"), (b"content-length", b"1000")],
+            "client": ("127.0.0.1", 50000), "server": ("testserver", 80), "state": {},
+        }  # fmt: skip
+        with anyio.fail_after(20):  # without a response, this would wait for the hour-long traffic timeout
+            await service_client.app(scope, receive, send)
+
+    service_client.portal.call(upload_and_leave)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 499
+    assert any(name.lower() == b"x-request-id" for name, _ in start["headers"])

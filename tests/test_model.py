@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.loading import load_model, resolve_model_dir, weight_files
+from engine import DiffusionEngine
+from engine.loading import dtype_from_name, load_model, resolve_model_dir, weight_files
 from engine.model import LogitIndex
 from tests.fixture_paths import FIXTURE_DIR, reference
 
@@ -79,6 +80,16 @@ def test_sharded_checkpoint_loads_identically(model, tmp_path):
 def test_default_dtype_is_float32_on_cpu_and_override_works():
     assert next(load_model(FIXTURE_DIR, "cpu").parameters()).dtype == torch.float32
     assert next(load_model(FIXTURE_DIR, "cpu", torch.bfloat16).parameters()).dtype == torch.bfloat16
+
+
+def test_dtype_names_are_checked_before_loading():
+    assert dtype_from_name("bfloat16") is torch.bfloat16
+    assert dtype_from_name(" Float16") is torch.float16
+    half = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", dtype="float16")
+    assert next(half.model.parameters()).dtype == torch.float16
+    for name in ("nn", "int8", "float64", "bf16", ""):  # `getattr(torch, name)` would accept the first three
+        with pytest.raises(ValueError, match="dtype must be one of bfloat16, float16, float32"):
+            DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", dtype=name)
 
 
 def test_missing_or_foreign_tensors_are_refused(tmp_path):

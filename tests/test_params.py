@@ -1,6 +1,7 @@
 """SamplingParams: ADR defaults and one test per validation rule (the message names the field and rule)."""
 
 import pytest
+import torch
 
 from engine import InvalidParameter, SamplingParams
 
@@ -45,6 +46,8 @@ INVALID = [
     (dict(temperature=2.5), "temperature", "between 0 and 2"),
     (dict(temperature="1"), "temperature", "must be a number"),
     (dict(seed=1.5), "seed", "must be an integer"),
+    (dict(seed=2**64), "seed", "must be between -2**63 and 2**64 - 1"),
+    (dict(seed=-(2**63) - 1), "seed", "must be between"),
     (dict(local_leap_anchor_threshold=0.8), "local_leap_anchor_threshold", "only allowed together with use_local_leap"),
     (dict(local_leap_neighbor_threshold=0.5), "local_leap_neighbor_threshold", "only allowed together"),
     (dict(local_leap_radius=2), "local_leap_radius", "only allowed together with use_local_leap"),
@@ -71,6 +74,8 @@ def test_invalid_values_name_the_field_and_rule(kwargs, field, rule):
 def test_valid_edge_values_are_accepted():
     SamplingParams(gen_length=512, block_length=1, num_denoising_steps=512)
     SamplingParams(temperature=2, seed=0)
+    for seed in (-(2**63), 2**64 - 1):  # the ends of the range the request's torch.Generator accepts
+        torch.Generator().manual_seed(SamplingParams(temperature=1, seed=seed).seed)
     SamplingParams(
         use_local_leap=True, local_leap_anchor_threshold=0, local_leap_neighbor_threshold=1, local_leap_radius=16
     )

@@ -287,6 +287,32 @@ def test_invalid_requests_fail_before_any_event(fixture_engine):
     engine.shutdown()
 
 
+def test_prompts_are_tokenized_off_the_event_loop_in_call_order(fixture_engine, monkeypatch):
+    """A huge prompt takes seconds to tokenize: that must not stall the event loop (health checks, other
+    streams). Checked by where the work runs, not by timing."""
+    engine = fresh(fixture_engine)
+    real_encode = engine.tokenizer.encode_chat
+    seen: list[tuple[str, threading.Thread]] = []
+
+    def recording_encode(messages):
+        seen.append((messages[0]["content"], threading.current_thread()))
+        return real_encode(messages)
+
+    monkeypatch.setattr(engine.tokenizer, "encode_chat", recording_encode)
+    params = SamplingParams(gen_length=16, num_denoising_steps=8)
+
+    async def scenario():
+        contents = [f"request {i}" for i in range(6)]
+        calls = [engine.agenerate(messages=[{"role": "user", "content": c}], params=params) for c in contents]
+        await asyncio.gather(*calls)
+        return contents
+
+    contents = run(scenario())
+    engine.shutdown()
+    assert [content for content, _ in seen] == contents  # call order kept
+    assert all(thread is not threading.main_thread() for _, thread in seen)  # asyncio.run's loop is on main
+
+
 def test_a_failing_request_does_not_affect_its_batch_mates(fixture_engine, monkeypatch):
     engine = fresh(fixture_engine, max_batch_size=8, max_wait_ms=100)
     poisoned_seed = 666
@@ -378,11 +404,11 @@ def test_scheduler_config_from_env():
     config = SchedulerConfig.from_env({"DLLM_MAX_BATCH_SIZE": "16", "DLLM_MAX_WAITING": "0", "DLLM_MAX_WAIT_MS": "2.5"})
     assert config == SchedulerConfig(max_batch_size=16, max_waiting=0, max_wait_ms=2.5)
     for env, message in [
-        ({"DLLM_MAX_BATCH_SIZE": "eight"}, "DLLM_MAX_BATCH_SIZE must be an integer"),
-        ({"DLLM_MAX_BATCH_SIZE": "0"}, "max_batch_size must be an integer ≥ 1"),
-        ({"DLLM_MAX_WAITING": "1.5"}, "DLLM_MAX_WAITING must be an integer"),
-        ({"DLLM_MAX_WAIT_MS": "-1"}, "max_wait_ms must be a finite number ≥ 0"),
-        ({"DLLM_MAX_WAIT_MS": "inf"}, "max_wait_ms must be a finite number ≥ 0"),
+        ({"DLLM_MAX_BATCH_SIZE": "eight"}, "DLLM_MAX_BATCH_SIZE='eight': must be an integer"),
+        ({"DLLM_MAX_BATCH_SIZE": "0"}, "DLLM_MAX_BATCH_SIZE='0': .*max_batch_size must be an integer ≥ 1"),
+        ({"DLLM_MAX_WAITING": "1.5"}, "DLLM_MAX_WAITING='1.5': must be an integer"),
+        ({"DLLM_MAX_WAIT_MS": "-1"}, "DLLM_MAX_WAIT_MS='-1': .*max_wait_ms must be a finite number ≥ 0"),
+        ({"DLLM_MAX_WAIT_MS": "inf"}, "DLLM_MAX_WAIT_MS='inf': .*max_wait_ms must be a finite number ≥ 0"),
     ]:
         with pytest.raises(ValueError, match=message):
             SchedulerConfig.from_env(env)

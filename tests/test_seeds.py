@@ -33,6 +33,13 @@ def test_temperature_changes_the_output(engine):
     assert any(sample(engine, seed, temperature=2.0) != greedy for seed in range(3))
 
 
+@pytest.mark.parametrize("temperature", [1e-12, 1e-308, 5e-324])  # 5e-324: float64's smallest value
+def test_vanishing_temperature_is_greedy_not_garbage(engine, temperature):
+    # logits / T would overflow to inf here; the sampler must approach greedy decoding instead.
+    greedy = sample(engine, 7, temperature=0.0)
+    assert all(sample(engine, seed, temperature=temperature) == greedy for seed in range(3))
+
+
 def test_global_rng_untouched(engine):
     torch.manual_seed(123)
     before = torch.get_rng_state()

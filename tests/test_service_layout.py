@@ -33,7 +33,15 @@ def test_schema_constants_mirror_the_engine():
     import engine.params as engine_params
     import schemas.chat as chat
 
-    for name in ("DEFAULT_GEN_LENGTH", "DEFAULT_STEPS", "MAX_STEPS", "MAX_STOP_STRINGS", "MAX_LOCAL_LEAP_RADIUS"):
+    for name in (
+        "DEFAULT_GEN_LENGTH",
+        "DEFAULT_STEPS",
+        "MAX_STEPS",
+        "MAX_STOP_STRINGS",
+        "MAX_LOCAL_LEAP_RADIUS",
+        "SEED_MIN",
+        "SEED_MAX",
+    ):
         assert getattr(chat, name) == getattr(engine_params, name), name
     fields = chat.ChatCompletionRequest.model_fields
     assert next(m.le for m in fields["temperature"].metadata if hasattr(m, "le")) == engine_params.MAX_TEMPERATURE
