@@ -432,11 +432,12 @@ class DiffusionLLMService:
 
     @bentoml.on_startup
     def load_engine(self) -> None:
-        # Before torch loads (OpenMP reads it once). Torch runs on the engine's scheduler thread while the
-        # thread that loaded the model keeps its own OpenMP team; when other processes load the cores,
-        # that idle team's spinning made a default request take 50 s instead of 1.7 s on 2 cores. On an
-        # idle machine the served (scheduler-thread) path measured the same either way; the offline sync
-        # API is faster with active waiting, so only the server sets this.
+        # Before torch loads: OpenMP reads its environment once. CPU threads only run the model on a CPU; on a
+        # GPU they run small host-side ops. With OpenMP's default spinning workers, a request took 9-16 s
+        # instead of 0.1 s when another torch process shared the cores; one thread is immune to that and,
+        # for the embedded model, also faster than several sleeping (PASSIVE) ones: benchmarks/cpu_threads.py.
+        # A large model on a many-core CPU wants OMP_NUM_THREADS=<cores>: PASSIVE then keeps it safe.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from engine import DiffusionEngine
 
