@@ -433,8 +433,8 @@ class DiffusionLLMService:
     @bentoml.on_startup
     def load_engine(self) -> None:
         # Before torch loads: OpenMP reads its environment once. CPU threads only run the model on a CPU; on a
-        # GPU they run small host-side ops. With OpenMP's default spinning workers, a request took 9-16 s
-        # instead of 0.1 s when another torch process shared the cores; one thread is immune to that and,
+        # GPU they run small host-side ops. With OpenMP's spinning workers, a request took 0.5-16 s instead
+        # of 0.1 s when another torch process shared the cores; one thread is immune to that and,
         # for the embedded model, also faster than several sleeping (PASSIVE) ones: benchmarks/cpu_threads.py.
         # A large model on a many-core CPU wants OMP_NUM_THREADS=<cores>: PASSIVE then keeps it safe.
         os.environ.setdefault("OMP_NUM_THREADS", "1")

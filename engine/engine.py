@@ -165,7 +165,7 @@ class DiffusionEngine:
         # queues requests in call order.
         loop = asyncio.get_running_loop()
         request = await loop.run_in_executor(self._preparer, self.new_request, messages, prompt_token_ids, params)
-        handle = self._running_scheduler().submit(request, asyncio.get_running_loop())
+        handle = self._running_scheduler().submit(request, loop)
         try:
             while True:
                 item = await handle.events.get()
