@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import anyio
 import bentoml
 import bentoml.exceptions
+from bentoml._internal.server.http import traffic as bentoml_traffic
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -413,6 +414,46 @@ async def sse_stream(
 
 # --- the BentoML service -------------------------------------------------------------------------------
 
+
+class ResponseStartTimeout:
+    """`traffic.timeout` as BentoML 1.4 means it (a 504 if no response has started in time), minus a leak.
+
+    BentoML's TimeoutMiddleware arms a timer per request and never cancels it, so every finished request
+    stays referenced by its timer, with its context and tracing span (~7 KB), for the whole timeout: an
+    hour here (see `traffic` below). This version waits with `asyncio.wait`, whose timer is cancelled.
+    """
+
+    def __init__(self, app: ASGIApp, timeout: float):
+        self.app = app
+        self.timeout = timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        started = asyncio.Event()
+
+        async def send_and_mark(message: Message) -> None:
+            started.set()
+            await send(message)
+
+        app = asyncio.ensure_future(self.app(scope, receive, send_and_mark))
+        start_seen = asyncio.ensure_future(started.wait())
+        try:
+            await asyncio.wait({app, start_seen}, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            start_seen.cancel()
+        if not started.is_set() and not app.done():
+            app.cancel()
+            error = APIError(504, f"No response within {self.timeout:g} s.", type="server_error", code="timeout")
+            await error_response(error)(scope, receive, send)
+            return
+        await app
+
+
+# BentoML builds its middleware stack from this module attribute when the app is created (after this import).
+bentoml_traffic.TimeoutMiddleware = ResponseStartTimeout
+
 _STARTED_AT = int(time.time())
 
 
@@ -421,8 +462,8 @@ _STARTED_AT = int(time.time())
     name="dllm-serve",
     # One process owns the model and batches inside it; scale out with replicas, not workers.
     workers=1,
-    # BentoML's timeout ends at the response headers: a long non-stream generation must not be cut by a
-    # non-OpenAI 504. The engine's bounded queue (429) is the overload protection.
+    # The timeout ends at the response headers (ResponseStartTimeout): a long non-stream generation must not
+    # be cut by a 504. The engine's bounded queue (429) is the overload protection.
     traffic={"timeout": 3600, "concurrency": 32},
     resources={"gpu": 1},  # deployment target; on a CPU-only machine BentoML only warns
 )

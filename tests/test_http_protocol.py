@@ -419,3 +419,57 @@ def test_client_leaving_mid_upload_still_ends_the_exchange(service_client):
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 499
     assert any(name.lower() == b"x-request-id" for name, _ in start["headers"])
+
+
+def test_finished_requests_leave_no_timer_behind(service_client):
+    """BentoML's traffic timeout must not keep a timer (and with it the request's context: its tracing
+    span, ~7 KB) alive after the response: with the service's one-hour timeout, memory grew with every
+    request for an hour."""
+    import asyncio
+    import gc
+
+    def pending_timers() -> int:
+        gc.collect()
+        return sum(isinstance(o, asyncio.TimerHandle) and not o.cancelled() for o in gc.get_objects())
+
+    before = pending_timers()
+    for _ in range(200):
+        assert service_client.get("/livez").status_code == 200
+    assert service_client.post(URL, json={"messages": MESSAGES, "max_tokens": 4}).status_code == 200
+    assert pending_timers() - before < 20  # 201 with the leak
+
+
+def test_response_start_timeout_answers_504_only_when_nothing_started():
+    import anyio
+
+    from service import ResponseStartTimeout
+
+    async def silent(scope, receive, send):
+        await anyio.sleep(60)
+
+    async def answers(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await anyio.sleep(0.2)  # longer than the timeout: only the *start* is timed
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def fails(scope, receive, send):
+        raise RuntimeError("boom")
+
+    async def run(app) -> list:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        await ResponseStartTimeout(app, timeout=0.05)({"type": "http"}, receive, send)
+        return sent
+
+    timed_out = anyio.run(run, silent)
+    assert timed_out[0]["status"] == 504
+    assert json.loads(timed_out[1]["body"])["error"]["code"] == "timeout"
+    assert [m.get("status", m.get("body")) for m in anyio.run(run, answers)] == [200, b"ok"]
+    with pytest.raises(RuntimeError, match="boom"):
+        anyio.run(run, fails)
