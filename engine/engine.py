@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,13 @@ from engine.stats import EngineStats
 from engine.tokenizer import ChatTokenizer
 
 CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _token_id(value) -> int:
+    """An int, numpy integer or 0-d integer tensor as an int; bools and floats are refused (TypeError)."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a token id")
+    return operator.index(value)
 
 
 class DiffusionEngine:
@@ -78,18 +86,35 @@ class DiffusionEngine:
         if (messages is None) == (prompt_token_ids is None):
             raise ValueError("pass exactly one of messages= or prompt_token_ids=")
         if prompt_token_ids is not None:
-            ids = list(prompt_token_ids)
-            if not ids:
-                raise InvalidParameter("prompt_token_ids", "must not be empty")
-            if any(i == self.tokenizer.mask_id for i in ids):
-                raise InvalidParameter("prompt_token_ids", "must not contain the mask token id")
-            return ids
+            return self._checked_token_ids(prompt_token_ids)
         if not messages:
             raise InvalidParameter("messages", "must contain at least one message")
         for message in messages:
-            if message.get("role") not in CHAT_ROLES or not isinstance(message.get("content"), str):
+            if (
+                not isinstance(message, dict)
+                or message.get("role") not in CHAT_ROLES
+                or not isinstance(message.get("content"), str)
+            ):
                 raise InvalidParameter("messages", f"each message needs a role in {CHAT_ROLES} and string content")
         return self.tokenizer.encode_chat(messages)
+
+    def _checked_token_ids(self, values) -> list[int]:
+        # Checked here, not left to the embedding: an out-of-range id would fail the shared forward, and
+        # with it every request batched with this one (on CUDA, a device-side assert).
+        rows = self.model.config.vocab_size
+        try:
+            if isinstance(values, (str, bytes)):
+                raise TypeError
+            ids = [_token_id(i) for i in values]
+        except TypeError:
+            raise InvalidParameter("prompt_token_ids", "must be a list of integer token ids") from None
+        if not ids:
+            raise InvalidParameter("prompt_token_ids", "must not be empty")
+        if not all(0 <= i < rows for i in ids):
+            raise InvalidParameter("prompt_token_ids", f"token ids must be between 0 and {rows - 1}")
+        if self.tokenizer.mask_id in ids:
+            raise InvalidParameter("prompt_token_ids", "must not contain the mask token id")
+        return ids
 
     def new_request(
         self,

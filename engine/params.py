@@ -42,6 +42,11 @@ def _require_int(name: str, value) -> None:
         raise InvalidParameter(name, f"must be an integer, got {value!r}")
 
 
+def _require_bool(name: str, value) -> None:
+    if not isinstance(value, bool):  # "false" is truthy: a string here would silently flip the switch
+        raise InvalidParameter(name, f"must be true or false, got {value!r}")
+
+
 def _require_number(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidParameter(name, f"must be a number, got {value!r}")
@@ -69,7 +74,7 @@ class SamplingParams:
     local_leap_radius: int | None = None
     force_single_batch: bool = False
     early_exit: bool = True
-    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] | str | None = field(default_factory=tuple)  # stored as a tuple
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
@@ -91,17 +96,19 @@ class SamplingParams:
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
             )
 
-        if self.num_denoising_steps is None:
+        steps_defaulted = self.num_denoising_steps is None
+        if steps_defaulted:
             set_("num_denoising_steps", min(DEFAULT_STEPS, self.gen_length))
         _require_int("num_denoising_steps", self.num_denoising_steps)
         steps = self.num_denoising_steps
         if not 1 <= steps <= MAX_STEPS:
             raise InvalidParameter("num_denoising_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
         if steps % self.num_blocks:
+            origin = f" (not set: the default, min({DEFAULT_STEPS}, gen_length))" if steps_defaulted else ""
             raise InvalidParameter(
                 "num_denoising_steps",
                 f"must be a multiple of the number of blocks (gen_length / block_length = {self.num_blocks}), "
-                f"got {steps}",
+                f"got {steps}{origin}",
             )
         if self.steps_per_block > self.block_length:
             raise InvalidParameter(
@@ -125,12 +132,20 @@ class SamplingParams:
         if not SEED_MIN <= self.seed <= SEED_MAX:
             raise InvalidParameter("seed", f"must be between -2**63 and 2**64 - 1, got {self.seed}")
 
+        for name in ("use_local_leap", "force_single_batch", "early_exit"):
+            _require_bool(name, getattr(self, name))
         self._resolve_local_leap(set_)
 
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if len(stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in stop):
-            raise InvalidParameter("stop", f"must be at most {MAX_STOP_STRINGS} non-empty strings")
-        set_("stop", stop)
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
+        if (
+            not isinstance(stop, (list, tuple))
+            or len(stop) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stop)
+        ):
+            raise InvalidParameter(
+                "stop", f"must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
+            )
+        set_("stop", tuple(stop))
 
     def _resolve_local_leap(self, set_) -> None:
         if not self.use_local_leap:

@@ -4,6 +4,10 @@ Diffusion commits tokens in any order, so the text a client may see is the decod
 (positions 0..first mask), cut at the first EOS/EOT. Two more things are held back so that an emitted
 delta never needs correcting: a trailing U+FFFD (byte-level BPE splits a multi-byte character over
 tokens, and the rest may not be committed yet) and any suffix that could still grow into a stop string.
+
+Stop strings cut the text at the earliest *start* of one in the final text, whatever order they complete
+in: a completed stop only ends the request once no stop that starts earlier can still complete. So the
+text depends on the canvas alone, not on how many tokens each step committed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 
 
 def _stop_prefix_overlap(text: str, stop: Sequence[str]) -> int:
+    # The earliest position where a stop string may still begin is len(text) minus this.
     """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
     longest = 0
     for s in stop:
@@ -44,10 +49,13 @@ class IncrementalText:
         nothing is held back.
         """
         text = self._decode(final_ids)
-        text, self.stopped = cut_at_stop(text, self._stop) if self._stop else (text, False)
-        if not (complete or self.stopped):
+        undecided = len(text)  # where a stop string may still begin: nothing past it is final
+        if not complete:
             text = text.rstrip(REPLACEMENT_CHAR)
-            text = text[: len(text) - _stop_prefix_overlap(text, self._stop)]
+            undecided = len(text) - _stop_prefix_overlap(text, self._stop)
+        cut, found = cut_at_stop(text, self._stop) if self._stop else (text, False)
+        self.stopped = found and len(cut) <= undecided
+        text = cut if self.stopped else text[:undecided]
         if not text.startswith(self.emitted):
             # Byte-level decoding only ever extends; keep the stream append-only regardless.
             return ""

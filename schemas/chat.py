@@ -170,7 +170,8 @@ class ChatCompletionRequest(BaseModel):
     )
     stop: str | list[str] | None = Field(
         None,
-        description=f"Up to {MAX_STOP_STRINGS} non-empty strings. The text is cut before the first occurrence, "
+        description=f"Up to {MAX_STOP_STRINGS} non-empty strings. The text is cut before the occurrence that starts "
+        "first (whichever stop string it is, and in whatever order the tokens were committed), "
         '`finish_reason` is "stop", and the request ends as soon as a stop string is final.',
     )
     user: str | None = Field(None, description="An end-user id; logged, not used otherwise.")

@@ -58,6 +58,16 @@ INVALID = [
     (dict(use_local_leap=True, local_leap_radius=2.0), "local_leap_radius", "must be an integer"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop", "at most 4 non-empty strings"),
     (dict(stop=[""]), "stop", "at most 4 non-empty strings"),
+    (dict(stop=123), "stop", "a string or a list"),
+    (dict(stop={"a": 1}), "stop", "a string or a list"),  # a dict is not a list of strings
+    (dict(use_local_leap="false"), "use_local_leap", "must be true or false"),  # truthy: would turn it on
+    (dict(early_exit="no"), "early_exit", "must be true or false"),
+    (dict(force_single_batch=1), "force_single_batch", "must be true or false"),
+    (
+        dict(gen_length=200, block_length=8),
+        "num_denoising_steps",
+        "got 128 (not set: the default, min(128, gen_length))",
+    ),
 ]
 
 
@@ -74,6 +84,7 @@ def test_invalid_values_name_the_field_and_rule(kwargs, field, rule):
 def test_valid_edge_values_are_accepted():
     SamplingParams(gen_length=512, block_length=1, num_denoising_steps=512)
     SamplingParams(temperature=2, seed=0)
+    assert SamplingParams(stop=None).stop == () and SamplingParams(stop="x").stop == ("x",)
     for seed in (-(2**63), 2**64 - 1):  # the ends of the range the request's torch.Generator accepts
         torch.Generator().manual_seed(SamplingParams(temperature=1, seed=seed).seed)
     SamplingParams(

@@ -313,6 +313,22 @@ def test_prompts_are_tokenized_off_the_event_loop_in_call_order(fixture_engine, 
     assert all(thread is not threading.main_thread() for _, thread in seen)  # asyncio.run's loop is on main
 
 
+def test_a_request_with_bad_token_ids_is_refused_alone(fixture_engine):
+    # An id past the embedding would fail the shared forward, and with it every batch-mate.
+    engine = fresh(fixture_engine, max_batch_size=8, max_wait_ms=100)
+    params = SamplingParams(gen_length=16, num_denoising_steps=8)
+
+    async def scenario():
+        good = [engine.agenerate(prompt_token_ids=[5, 6, 7], params=params) for _ in range(3)]
+        bad = engine.agenerate(prompt_token_ids=[5, engine.model.config.vocab_size], params=params)
+        return await asyncio.gather(*good, bad, return_exceptions=True)
+
+    *results, refused = run(scenario())
+    engine.shutdown()
+    assert isinstance(refused, InvalidParameter) and refused.field == "prompt_token_ids"
+    assert results == [fixture_engine.generate(prompt_token_ids=[5, 6, 7], params=params)] * 3
+
+
 def test_a_failing_request_does_not_affect_its_batch_mates(fixture_engine, monkeypatch):
     engine = fresh(fixture_engine, max_batch_size=8, max_wait_ms=100)
     poisoned_seed = 666

@@ -38,3 +38,24 @@ def test_completion_flushes_everything_held():
 def test_cut_at_earliest_stop():
     assert cut_at_stop("a STOP b END", ["END", "STOP"]) == ("a ", True)
     assert cut_at_stop("nothing", ["x"]) == ("nothing", False)
+
+
+def test_the_cut_is_the_earliest_stop_however_the_prefix_grows():
+    # "id" completes before "sidH3H" when the prefix grows a character at a time, but "sidH3H" starts
+    # earlier: the text must not depend on how many tokens each step commits.
+    pieces = [c.encode() for c in "xsidH3H tail"]
+    stops = ["sidH3H", "id"]
+    for step in (1, 2, 3, len(pieces)):
+        text = IncrementalText(byte_decoder(pieces), stop=stops)
+        streamed = ""
+        for end in range(step, len(pieces) + step, step):
+            streamed += text.update(list(range(min(end, len(pieces)))), complete=False)
+            if text.stopped:
+                break
+        assert (streamed, text.stopped) == ("x", True), step
+    # When the earlier candidate fails, the later stop decides, once it is known to be the earliest.
+    pieces = [c.encode() for c in "xsidQ more"]
+    text = IncrementalText(byte_decoder(pieces), stop=stops)
+    assert text.update([0, 1, 2, 3], complete=False) == "x"  # "sid" may still become "sidH3H"
+    assert not text.stopped
+    assert text.update([0, 1, 2, 3, 4], complete=False) == "s" and text.stopped

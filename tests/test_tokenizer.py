@@ -1,6 +1,8 @@
 """Tokenizer glue: special ids, and user text that can never become a special token."""
 
+import numpy as np
 import pytest
+import torch
 
 from engine import DiffusionEngine, InvalidParameter, SamplingParams
 from engine.tokenizer import ChatTokenizer
@@ -55,3 +57,40 @@ def test_prompt_token_ids_may_not_contain_the_mask_id():
         engine.generate(messages=[], params=SamplingParams(gen_length=8))
     with pytest.raises(ValueError, match="exactly one of"):
         engine.generate(params=SamplingParams(gen_length=8))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "rule"),
+    [
+        ([400, 448], "between 0 and 447"),  # the fixture's embedding has 448 rows
+        ([400, -1], "between 0 and 447"),
+        ([400, 2**70], "between 0 and 447"),
+        ([400, 5.0], "list of integer token ids"),  # a float is never an id, even a whole one
+        ([400, True], "list of integer token ids"),
+        ([400, "5"], "list of integer token ids"),
+        ([[400, 5]], "list of integer token ids"),
+        ("hello", "list of integer token ids"),
+        (b"hello", "list of integer token ids"),
+        (7, "list of integer token ids"),
+    ],
+)
+def test_bad_prompt_token_ids_are_refused_before_the_model(prompt, rule):
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    with pytest.raises(InvalidParameter, match=rule) as raised:
+        engine.generate(prompt_token_ids=prompt, params=SamplingParams(gen_length=8))
+    assert raised.value.field == "prompt_token_ids"
+
+
+def test_integer_like_token_ids_are_accepted():
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    params = SamplingParams(gen_length=8)
+    expected = engine.generate(prompt_token_ids=[400, 5, 6], params=params)
+    assert engine.generate(prompt_token_ids=torch.tensor([400, 5, 6]), params=params) == expected
+    assert engine.generate(prompt_token_ids=np.array([400, 5, 6]), params=params) == expected
+
+
+@pytest.mark.parametrize("messages", ["hello", ["hello"], [{"role": "user"}], [{"role": "robot", "content": "hi"}]])
+def test_malformed_messages_are_an_invalid_parameter(messages):
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    with pytest.raises(InvalidParameter, match="each message needs a role"):
+        engine.generate(messages=messages, params=SamplingParams(gen_length=8))
