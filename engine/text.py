@@ -53,7 +53,7 @@ class IncrementalText:
         if not complete:
             text = text.rstrip(REPLACEMENT_CHAR)
             undecided = len(text) - _stop_prefix_overlap(text, self._stop)
-        cut, found = cut_at_stop(text, self._stop) if self._stop else (text, False)
+        cut, found = cut_at_stop(text, self._stop)  # no stop strings: (text, False)
         self.stopped = found and len(cut) <= undecided
         text = cut if self.stopped else text[:undecided]
         if not text.startswith(self.emitted):
