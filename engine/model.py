@@ -3,9 +3,12 @@
 Module and parameter names mirror the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, …)
 so a state dict loads without renaming. The math follows the official remote code exactly (see
 tests/fixtures/llada-tiny/README.md); the only additions are the serving-oriented forward arguments:
-a key-padding mask for left-padded batches and `logit_index`, which computes only what the sampler needs:
-the 126k-row LM head, and the last block's queries, attention and MLP, run at the candidate positions only
-(the other positions still supply that block's keys and values).
+- a key-padding mask for left-padded batches;
+- `logit_index`, which computes only what the sampler needs: the 126k-row LM head, and the last block's
+  queries, attention and MLP, run at the candidate positions only (the other positions still supply that
+  block's keys and values);
+- `kv`, a `KVFrame`: the approximate KV cache (Fast-dLLM). The forward then computes only some positions of
+  each row; the keys and values of the others come from the frame's buffer, where the fresh ones are written.
 """
 
 from __future__ import annotations
@@ -64,6 +67,14 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (t32 * cos + rotate_half(t32) * sin).to(t.dtype)
 
 
+def rope_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The rotary table at `rows` [B, M] → [B, 1, M, head_dim]. `table` is shared by every row ([T, head_dim],
+    indexed by canvas column) or already per row ([B, 1, A, head_dim], indexed by position in the row)."""
+    if table.dim() == 2:
+        return table[rows][:, None]
+    return table.gather(2, rows[:, None, :, None].expand(-1, -1, -1, table.shape[-1]))
+
+
 @dataclass(frozen=True)
 class LogitIndex:
     """The positions whose logits a forward returns.
@@ -90,6 +101,43 @@ class LogitIndex:
         return cls(columns, None if bool(is_real.all()) else is_real.flatten().nonzero().squeeze(1))
 
 
+@dataclass(frozen=True)
+class KVFrame:
+    """Keys and values for a forward that computes only some positions of each row (the approximate KV cache).
+
+    buffer: [n_layers, 2, B, n_kv_heads, K, head_dim]: keys (before RoPE) and values of every key column. The
+        caller fills the columns the forward does not compute (from a request's cache); the forward writes the
+        fresh keys and values of the columns it computes into it, in place, and attention reads all K columns.
+    columns: [B, A] the key column of each computed position, i.e. of each entry of `input_ids`. A row with
+        fewer than A positions points its filler entries at a column that `key_mask` hides.
+    key_mask: [B, K], False on left padding and filler columns; None when every column is a real key.
+
+    Keys are cached before RoPE (as Fast-dLLM does) and rotated at every forward at their current column, so a
+    cache stays valid when its row is padded differently from one step to the next.
+    """
+
+    buffer: torch.Tensor
+    columns: torch.Tensor
+    key_mask: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's view of a KVFrame, with what every layer shares precomputed."""
+
+    buffer: torch.Tensor  # [2, B, n_kv_heads, K, head_dim]
+    index: torch.Tensor  # the frame's columns expanded to [B, n_kv_heads, A, head_dim], for scatter_
+    cos: torch.Tensor  # [K, head_dim] rotary tables of the key columns
+    sin: torch.Tensor
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the fresh keys/values [B, n_kv_heads, A, head_dim]; return every column's, keys rotated."""
+        keys, values = self.buffer[0], self.buffer[1]
+        keys.scatter_(2, self.index, k)
+        values.scatter_(2, self.index, v)
+        return apply_rope(keys, self.cos, self.sin), values
+
+
 class LLaDABlock(nn.Module):
     def __init__(self, config: LLaDAConfig):
         super().__init__()
@@ -105,21 +153,27 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(config.mlp_hidden_size, d, bias=False)
 
-    def forward(self, x, cos, sin, key_mask, query_columns: torch.Tensor | None = None):
-        """x: [B, T, d] → [B, T, d]; or, with query_columns [B, M], the outputs at those columns only, [B, M, d].
+    def forward(self, x, cos, sin, key_mask, query_columns: torch.Tensor | None = None, kv: LayerKV | None = None):
+        """x: [B, T, d] → [B, T, d]; or, with query_columns [B, M], the outputs at those rows only, [B, M, d].
 
         Every position attends to all (unpadded) positions, so all T positions supply keys and values, but a
         position's output depends only on its own query row: the rest of the block can skip the others.
+        cos/sin: the rotary tables of x's rows ([T, head_dim] shared, or [B, 1, T, head_dim] per row).
+        With `kv`, x holds only the positions the forward computes; the keys and values of every column come
+        from kv's buffer, after the fresh ones are written into it.
         """
         batch, length, _ = x.shape
         n = self.attn_norm(x)
         k = self.k_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        k = apply_rope(k, cos, sin)
+        if kv is None:
+            k = apply_rope(k, cos, sin)
+        else:
+            k, v = kv.write(k, v)
         if query_columns is not None:
             gather = query_columns[..., None].expand(-1, -1, x.shape[-1])
             x, n = x.gather(1, gather), n.gather(1, gather)
-            cos, sin = cos[query_columns][:, None], sin[query_columns][:, None]  # [B, 1, M, head_dim]
+            cos, sin = rope_rows(cos, query_columns), rope_rows(sin, query_columns)  # [B, 1, M, head_dim]
         queries = x.shape[1]
         q = self.q_proj(n).view(batch, queries, self.n_heads, self.head_dim).transpose(1, 2)
         q = apply_rope(q, cos, sin)
@@ -151,6 +205,7 @@ class LLaDAModelLM(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         logit_index: LogitIndex | None = None,
+        kv: KVFrame | None = None,
     ) -> torch.Tensor:
         """Logits of a [B, T] batch.
 
@@ -158,20 +213,44 @@ class LLaDAModelLM(nn.Module):
             Pass None when the batch has no padding: SDPA then picks its fastest kernel.
         logit_index: the positions whose logits are wanted → returns [N, V] (N = its real entries);
             None → logits everywhere, [B, T, V].
+        kv: compute only the positions `kv.columns` ([B, A], the tokens of `input_ids`), reading and writing
+            keys and values in `kv.buffer` (see KVFrame); `attention_mask` is then `kv.key_mask`'s job and
+            `logit_index` counts positions within each row of `input_ids`.
         """
         t = self.model.transformer
         x = t.wte(input_ids)
-        cos, sin = self.rotary.get(input_ids.shape[1], input_ids.device)
-        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        layers: list[LayerKV | None] = [None] * len(t.blocks)
+        if kv is None:
+            cos, sin = self.rotary.get(input_ids.shape[1], input_ids.device)
+            key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        else:
+            key_cos, key_sin = self.rotary.get(kv.buffer.shape[-2], input_ids.device)
+            cos, sin = rope_rows(key_cos, kv.columns), rope_rows(key_sin, kv.columns)
+            key_mask = None if kv.key_mask is None else kv.key_mask[:, None, None, :]
+            index = kv.columns[:, None, :, None].expand(-1, self.config.n_kv_heads, -1, self.config.head_dim)
+            layers = [LayerKV(layer_buffer, index, key_cos, key_sin) for layer_buffer in kv.buffer]
         *blocks, last = t.blocks
-        for block in blocks:
-            x = block(x, cos, sin, key_mask)
+        for block, layer_kv in zip(blocks, layers):
+            x = block(x, cos, sin, key_mask, kv=layer_kv)
         if logit_index is None:
-            return t.ff_out(t.ln_f(last(x, cos, sin, key_mask)))
-        x = last(x, cos, sin, key_mask, query_columns=logit_index.columns).flatten(0, 1)
+            return t.ff_out(t.ln_f(last(x, cos, sin, key_mask, kv=layers[-1])))
+        x = last(x, cos, sin, key_mask, query_columns=logit_index.columns, kv=layers[-1]).flatten(0, 1)
         if logit_index.real is not None:
             x = x[logit_index.real]
         return t.ff_out(t.ln_f(x))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of a KV cache holding `positions` columns (keys and values of every layer)."""
+        c = self.config
+        element = self.model.transformer.wte.weight.element_size()
+        return c.n_layers * 2 * c.n_kv_heads * c.head_dim * positions * element
+
+    def new_kv_buffer(self, rows: int, columns: int) -> torch.Tensor:
+        """A zeroed KVFrame buffer. Zeros, not garbage: padding columns are read (then masked) by attention,
+        and a NaN there would survive the mask."""
+        c, weight = self.config, self.model.transformer.wte.weight
+        shape = (c.n_layers, 2, rows, c.n_kv_heads, columns, c.head_dim)
+        return torch.zeros(shape, dtype=weight.dtype, device=weight.device)

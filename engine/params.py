@@ -13,9 +13,11 @@ from typing import Literal
 
 BlockSchedule = Literal["uniform", "front_loaded", "cosine"]
 ConfidenceMetric = Literal["top1_prob", "entropy_inverse"]
+KVCacheMode = Literal["none", "prefix", "dual"]
 
 BLOCK_SCHEDULES = ("uniform", "front_loaded", "cosine")
 CONFIDENCE_METRICS = ("top1_prob", "entropy_inverse")
+KV_CACHE_MODES = ("none", "prefix", "dual")
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_STEPS = 128
 MAX_STEPS = 512
@@ -59,6 +61,11 @@ class SamplingParams:
     block_length → gen_length (one bidirectional block); num_denoising_steps → min(128, gen_length);
     LocalLeap thresholds → κ 0.9, τ 0.75, W 4 when `use_local_leap` is on (setting them while it is
     off is an error, never silently ignored); seed → a fresh random one (recorded in `seed`).
+
+    kv_cache ("none" | "prefix" | "dual") and confidence_threshold (None or τ in (0, 1]) are Fast-dLLM's
+    approximate KV cache and threshold decoding (docs/sampler.md). With a threshold, each forward commits the
+    candidates with confidence ≥ τ plus the most confident one instead of a scheduled quota, so there is no
+    step count: `num_denoising_steps` must be left unset and stays None.
     """
 
     gen_length: int = DEFAULT_GEN_LENGTH
@@ -74,6 +81,8 @@ class SamplingParams:
     local_leap_radius: int | None = None
     force_single_batch: bool = False
     early_exit: bool = True
+    kv_cache: KVCacheMode = "none"
+    confidence_threshold: float | None = None
     stop: tuple[str, ...] | str | None = field(default_factory=tuple)  # stored as a tuple
 
     def __post_init__(self) -> None:
@@ -96,25 +105,15 @@ class SamplingParams:
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
             )
 
-        steps_defaulted = self.num_denoising_steps is None
-        if steps_defaulted:
-            set_("num_denoising_steps", min(DEFAULT_STEPS, self.gen_length))
-        _require_int("num_denoising_steps", self.num_denoising_steps)
-        steps = self.num_denoising_steps
-        if not 1 <= steps <= MAX_STEPS:
-            raise InvalidParameter("num_denoising_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
-        if steps % self.num_blocks:
-            origin = f" (not set: the default, min({DEFAULT_STEPS}, gen_length))" if steps_defaulted else ""
+        if self.confidence_threshold is None:
+            self._resolve_steps(set_)
+        elif self.num_denoising_steps is not None:
+            # Fast-dLLM's threshold decoding has no step count: a block takes the forwards it needs, each
+            # committing at least one token (see `steps_per_block`).
             raise InvalidParameter(
                 "num_denoising_steps",
-                f"must be a multiple of the number of blocks (gen_length / block_length = {self.num_blocks}), "
-                f"got {steps}{origin}",
-            )
-        if self.steps_per_block > self.block_length:
-            raise InvalidParameter(
-                "num_denoising_steps",
-                f"gives {self.steps_per_block} steps per block, more than block_length ({self.block_length}): "
-                "every step must commit at least one token",
+                "does not apply with confidence_threshold: the threshold decides how many tokens each forward "
+                "commits (at least one), and a block takes the forwards it needs; leave it unset",
             )
 
         if self.block_schedule not in BLOCK_SCHEDULES:
@@ -136,6 +135,11 @@ class SamplingParams:
             _require_bool(name, getattr(self, name))
         self._resolve_local_leap(set_)
 
+        if self.kv_cache not in KV_CACHE_MODES:
+            raise InvalidParameter("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}")
+        if self.confidence_threshold is not None:
+            self._check_threshold()
+
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
         if (
             not isinstance(stop, (list, tuple))
@@ -146,6 +150,47 @@ class SamplingParams:
                 "stop", f"must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
             )
         set_("stop", tuple(stop))
+
+    def _check_threshold(self) -> None:
+        _require_number("confidence_threshold", self.confidence_threshold)
+        if not 0.0 < self.confidence_threshold <= 1.0:
+            raise InvalidParameter(
+                "confidence_threshold", f"must be greater than 0 and at most 1, got {self.confidence_threshold}"
+            )
+        # LocalLeap and the block schedule also decide how many tokens a step commits: the threshold replaces both.
+        if self.use_local_leap:
+            raise InvalidParameter(
+                "confidence_threshold",
+                "does not combine with use_local_leap: both decide which positions a step commits; use one",
+            )
+        if self.block_schedule != "uniform":
+            raise InvalidParameter(
+                "block_schedule",
+                "has no effect with confidence_threshold (the threshold, not a schedule, decides how many tokens a "
+                "step commits); leave it unset",
+            )
+
+    def _resolve_steps(self, set_) -> None:
+        defaulted = self.num_denoising_steps is None
+        if defaulted:
+            set_("num_denoising_steps", min(DEFAULT_STEPS, self.gen_length))
+        _require_int("num_denoising_steps", self.num_denoising_steps)
+        steps = self.num_denoising_steps
+        if not 1 <= steps <= MAX_STEPS:
+            raise InvalidParameter("num_denoising_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
+        if steps % self.num_blocks:
+            origin = f" (not set: the default, min({DEFAULT_STEPS}, gen_length))" if defaulted else ""
+            raise InvalidParameter(
+                "num_denoising_steps",
+                f"must be a multiple of the number of blocks (gen_length / block_length = {self.num_blocks}), "
+                f"got {steps}{origin}",
+            )
+        if self.steps_per_block > self.block_length:
+            raise InvalidParameter(
+                "num_denoising_steps",
+                f"gives {self.steps_per_block} steps per block, more than block_length ({self.block_length}): "
+                "every step must commit at least one token",
+            )
 
     def _resolve_local_leap(self, set_) -> None:
         if not self.use_local_leap:
@@ -172,4 +217,8 @@ class SamplingParams:
 
     @property
     def steps_per_block(self) -> int:
+        if self.num_denoising_steps is None:
+            # Threshold decoding: at most one forward per token of the block. Making the last of those commit
+            # "everything left" changes nothing, since each earlier forward committed at least one token.
+            return self.block_length
         return self.num_denoising_steps // self.num_blocks

@@ -10,6 +10,11 @@ that many requests can share one model forward (engine/batch.py):
 
 Only the current block's masked positions are candidates, and softmax, entropy and noise are computed
 at those positions only (never over the whole canvas or vocabulary-wide for the prompt).
+
+With `kv_cache` (Fast-dLLM's approximate cache), a block's first forward runs the whole canvas and leaves the
+request its keys and values (`kv_cache_tensor`); the block's later forwards compute only `forward_span()`:
+the block and everything after it ("prefix": the prompt and earlier blocks come from the cache) or the block
+alone ("dual": everything else comes from the cache).
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ class DenoisingRequest:
         self.generator = None
         if params.temperature > 0:
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
+        # Keys and values of the whole canvas from the current block's first forward (engine/batch.py writes
+        # it): [n_layers, 2, n_kv_heads, length, head_dim]. Dropped when the request ends.
+        self.kv_cache_tensor: torch.Tensor | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -113,6 +121,27 @@ class DenoisingRequest:
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + self.params.gen_length
+
+    @property
+    def uses_kv_cache(self) -> bool:
+        return self.params.kv_cache != "none"
+
+    def forward_span(self) -> tuple[int, int]:
+        """The canvas positions [start, end) (prompt included) that this step's forward computes.
+
+        The whole canvas, except after a block's first forward with a KV cache: "prefix" recomputes the block
+        and every later position, "dual" the block alone; the other positions' keys and values come from the
+        cache that the block's first forward left.
+        """
+        if not self.uses_kv_cache or self.block_step == 0:
+            return 0, self.length
+        start = self.prompt_length + self.block * self.params.block_length
+        end = self.length if self.params.kv_cache == "prefix" else start + self.params.block_length
+        return start, end
+
+    def release(self) -> None:
+        """Free what the request holds on the device (its KV cache); called when it ends or is cancelled."""
+        self.kv_cache_tensor = None
 
     def candidate_offsets(self) -> list[int]:
         """Masked offsets (from the first generated position) of the current block, ascending."""
@@ -137,6 +166,12 @@ class DenoisingRequest:
 
         count = logits.shape[0]
         last_step = self.block_step >= p.steps_per_block - 1
+        if p.confidence_threshold is not None and not last_step:
+            # Fast-dLLM's threshold rule: every candidate at or above τ, and always the most confident one (the
+            # leftmost among equals), so that each forward commits at least one token.
+            chosen = confidence >= p.confidence_threshold
+            chosen[confidence.argmax(0, keepdim=True)] = True
+            return torch.where(chosen, prediction, -1)
         quota = count if last_step else min(count, self.quotas[self.block_step])
         if quota == count:
             chosen = torch.ones(count, dtype=torch.bool, device=logits.device)
@@ -215,6 +250,7 @@ class DenoisingRequest:
         if self.text.stopped:
             token_ids = self._tokens_covering(final_ids, self.text.emitted)
         self.finished = True
+        self.release()
         self.result = GenerationResult(
             token_ids=token_ids,
             canvas_ids=list(self.generated),

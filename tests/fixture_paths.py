@@ -7,9 +7,16 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada-tiny"
 EMBEDDED_MODEL_DIR = TESTS_DIR.parent / "models" / "tiny-llada-chat"
+FAST_DLLM_DIR = TESTS_DIR / "fixtures" / "fast-dllm"
 
 
 @cache
 def reference() -> dict:
     """Official LLaDA logits and generate() outputs for the fixture checkpoint."""
     return json.loads((FIXTURE_DIR / "reference.json").read_text())
+
+
+@cache
+def fast_dllm_reference() -> dict:
+    """Official Fast-dLLM sampler runs (no cache, prefix cache, dual cache) on the same fixture checkpoint."""
+    return json.loads((FAST_DLLM_DIR / "reference-a.json").read_text())
