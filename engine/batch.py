@@ -117,22 +117,26 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     key_width = width + ragged
     hide_keys = ragged or any(row.pad for row in rows)
 
-    ids, columns_of_computed, key_mask, candidates = [], [], [], []
+    ids, columns_of_computed, positions, key_mask, candidates = [], [], [], [], []
     for row in rows:
         request, fill = row.request, computed - (row.end - row.start)
         canvas = request.prompt_ids + request.generated
         ids += canvas[row.start : row.end] + [pad_id] * fill
         columns_of_computed += range(row.pad + row.start, row.pad + row.end)
         columns_of_computed += [filler_column] * fill
+        positions += range(row.start, row.end)
+        positions += [0] * fill
         if hide_keys:
             key_mask += [0] * row.pad + [1] * request.length + [0] * ragged
         # Candidates are counted within the row's computed span.
         candidates.append([request.prompt_length + offset - row.start for offset in row.offsets])
     grid, real, per_row = _candidate_grid(rows, candidates)
     cols = list(chain(*([row.pad + row.request.prompt_length + o for o in row.offsets] for row in rows)))
-    sections = [ids, columns_of_computed, key_mask, grid, real, cols]
+    sections = [ids, columns_of_computed, positions, key_mask, grid, real, cols]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
-    input_ids, computed_columns, key_mask_t, candidate_grid, real_entries, candidate_cols = on_device
+    input_ids, computed_columns, computed_positions, key_mask_t, candidate_grid, real_entries, candidate_cols = (
+        on_device
+    )
 
     lone = rows[0] if batch == 1 else None
     if lone is not None and not lone.computes_all:
@@ -143,7 +147,10 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
             if not row.computes_all:
                 buffer[:, :, index, :, row.pad : row.pad + row.request.length] = row.request.kv_cache_tensor
     frame = KVFrame(
-        buffer, computed_columns.view(batch, computed), key_mask_t.view(batch, key_width).bool() if hide_keys else None
+        buffer,
+        computed_columns.view(batch, computed),
+        computed_positions.view(batch, computed),
+        key_mask_t.view(batch, key_width).bool() if hide_keys else None,
     )
     logits = model(
         input_ids.view(batch, computed),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import operator
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +15,7 @@ import torch
 
 from engine.batch import denoise_step
 from engine.loading import default_device, dtype_from_name, load_model, resolve_model_dir
+from engine.memory import default_kv_cache_budget, mebibytes
 from engine.model import LLaDAModelLM
 from engine.params import InvalidParameter, SamplingParams
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
@@ -44,9 +46,14 @@ class DiffusionEngine:
         self.tokenizer = tokenizer
         self.device = device
         self.model_name = model_name
-        # None → defaults overridden by DLLM_MAX_BATCH_SIZE / DLLM_MAX_WAITING / DLLM_MAX_WAIT_MS.
-        self.scheduler_config = scheduler_config or SchedulerConfig.from_env()
+        # None → defaults overridden by DLLM_MAX_BATCH_SIZE / DLLM_MAX_WAITING / DLLM_MAX_WAIT_MS /
+        # DLLM_KV_CACHE_BUDGET_MB; a budget left unset is the device's default, measured now that the model is loaded.
+        config = scheduler_config or SchedulerConfig.from_env()
+        if config.kv_cache_budget_bytes is None:
+            config = dataclasses.replace(config, kv_cache_budget_bytes=default_kv_cache_budget(device))
+        self.scheduler_config = config
         self.stats = EngineStats()  # what the async API did; the sync API is not counted
+        self.stats.set_kv_cache_budget(config.kv_cache_budget_bytes)
         self._scheduler: Scheduler | None = None  # started on first async use
         self._scheduler_lock = threading.Lock()
         # Tokenizes async requests off the event loop (see `astream`); one thread keeps them in call order.
@@ -132,6 +139,15 @@ class DiffusionEngine:
                 f"the prompt ({len(ids)} tokens) plus the canvas ({params.gen_length} tokens) is {total} tokens, "
                 f"more than the model's maximum sequence length ({self.max_sequence_length})",
             )
+        cache_bytes = self.model.kv_bytes(total) if params.kv_cache != "none" else 0
+        budget = self.scheduler_config.kv_cache_budget_bytes
+        if cache_bytes > budget:
+            raise InvalidParameter(
+                "kv_cache",
+                f"this request's KV cache ({total} positions: prompt plus canvas) needs {mebibytes(cache_bytes)}, "
+                f"more than the server's whole KV-cache budget ({mebibytes(budget)}, DLLM_KV_CACHE_BUDGET_MB); "
+                'use a shorter canvas or kv_cache "none"',
+            )
         return DenoisingRequest(
             ids,
             params,
@@ -139,6 +155,7 @@ class DiffusionEngine:
             stop_ids=self.tokenizer.stop_ids,
             decode=self.tokenizer.decode,
             device=self.device,
+            kv_cache_bytes=cache_bytes,
         )
 
     def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]:

@@ -105,37 +105,35 @@ class LogitIndex:
 class KVFrame:
     """Keys and values for a forward that computes only some positions of each row (the approximate KV cache).
 
-    buffer: [n_layers, 2, B, n_kv_heads, K, head_dim]: keys (before RoPE) and values of every key column. The
+    buffer: [n_layers, 2, B, n_kv_heads, K, head_dim]: keys (after RoPE) and values of every key column. The
         caller fills the columns the forward does not compute (from a request's cache); the forward writes the
         fresh keys and values of the columns it computes into it, in place, and attention reads all K columns.
     columns: [B, A] the key column of each computed position, i.e. of each entry of `input_ids`. A row with
         fewer than A positions points its filler entries at a column that `key_mask` hides.
+    positions: [B, A] the rotary position of each computed entry: its place in its own canvas, not counting
+        left padding. A cached key then stays valid wherever its row is padded at a later step.
     key_mask: [B, K], False on left padding and filler columns; None when every column is a real key.
-
-    Keys are cached before RoPE (as Fast-dLLM does) and rotated at every forward at their current column, so a
-    cache stays valid when its row is padded differently from one step to the next.
     """
 
     buffer: torch.Tensor
     columns: torch.Tensor
+    positions: torch.Tensor
     key_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's view of a KVFrame, with what every layer shares precomputed."""
+    """One layer's view of a KVFrame."""
 
     buffer: torch.Tensor  # [2, B, n_kv_heads, K, head_dim]
     index: torch.Tensor  # the frame's columns expanded to [B, n_kv_heads, A, head_dim], for scatter_
-    cos: torch.Tensor  # [K, head_dim] rotary tables of the key columns
-    sin: torch.Tensor
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the fresh keys/values [B, n_kv_heads, A, head_dim]; return every column's, keys rotated."""
+        """Store the fresh keys (rotated) and values [B, n_kv_heads, A, head_dim]; return every column's."""
         keys, values = self.buffer[0], self.buffer[1]
         keys.scatter_(2, self.index, k)
         values.scatter_(2, self.index, v)
-        return apply_rope(keys, self.cos, self.sin), values
+        return keys, values
 
 
 class LLaDABlock(nn.Module):
@@ -160,15 +158,14 @@ class LLaDABlock(nn.Module):
         position's output depends only on its own query row: the rest of the block can skip the others.
         cos/sin: the rotary tables of x's rows ([T, head_dim] shared, or [B, 1, T, head_dim] per row).
         With `kv`, x holds only the positions the forward computes; the keys and values of every column come
-        from kv's buffer, after the fresh ones are written into it.
+        from kv's buffer, after the fresh ones (keys rotated like the queries) are written into it.
         """
         batch, length, _ = x.shape
         n = self.attn_norm(x)
         k = self.k_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if kv is None:
-            k = apply_rope(k, cos, sin)
-        else:
+        k = apply_rope(k, cos, sin)
+        if kv is not None:
             k, v = kv.write(k, v)
         if query_columns is not None:
             gather = query_columns[..., None].expand(-1, -1, x.shape[-1])
@@ -224,11 +221,11 @@ class LLaDAModelLM(nn.Module):
             cos, sin = self.rotary.get(input_ids.shape[1], input_ids.device)
             key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         else:
-            key_cos, key_sin = self.rotary.get(kv.buffer.shape[-2], input_ids.device)
-            cos, sin = rope_rows(key_cos, kv.columns), rope_rows(key_sin, kv.columns)
+            cos, sin = self.rotary.get(int(kv.buffer.shape[-2]), input_ids.device)  # positions < key columns
+            cos, sin = rope_rows(cos, kv.positions), rope_rows(sin, kv.positions)
             key_mask = None if kv.key_mask is None else kv.key_mask[:, None, None, :]
             index = kv.columns[:, None, :, None].expand(-1, self.config.n_kv_heads, -1, self.config.head_dim)
-            layers = [LayerKV(layer_buffer, index, key_cos, key_sin) for layer_buffer in kv.buffer]
+            layers = [LayerKV(layer_buffer, index) for layer_buffer in kv.buffer]
         *blocks, last = t.blocks
         for block, layer_kv in zip(blocks, layers):
             x = block(x, cos, sin, key_mask, kv=layer_kv)

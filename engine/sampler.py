@@ -88,6 +88,7 @@ class DenoisingRequest:
         stop_ids: frozenset[int],
         decode: Callable[[list[int]], str],
         device: torch.device,
+        kv_cache_bytes: int = 0,
     ):
         self.prompt_ids = list(prompt_ids)
         self.params = params
@@ -111,8 +112,9 @@ class DenoisingRequest:
         if params.temperature > 0:
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
         # Keys and values of the whole canvas from the current block's first forward (engine/batch.py writes
-        # it): [n_layers, 2, n_kv_heads, length, head_dim]. Dropped when the request ends.
+        # it): [n_layers, 2, n_kv_heads, length, head_dim], `kv_cache_bytes` in size. Dropped when the request ends.
         self.kv_cache_tensor: torch.Tensor | None = None
+        self.kv_cache_bytes = kv_cache_bytes
 
     @property
     def prompt_length(self) -> int:

@@ -67,17 +67,24 @@ class SchedulerConfig:
     max_wait_ms: when the scheduler is idle and a request arrives, wait up to this long for more to
         arrive (until max_batch_size are waiting) before the first forward, so a burst starts together.
         0 starts at once; a request arriving later simply joins at the next step.
+    kv_cache_budget_bytes: the KV-cache memory that running requests may hold together; a request whose
+        cache does not fit waits (first come, first served). None: the engine picks one for its device
+        (`engine.memory.default_kv_cache_budget`).
     """
 
     max_batch_size: int = 8
     max_waiting: int = 256
     max_wait_ms: float = 0.0
+    kv_cache_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name, minimum in (("max_batch_size", 1), ("max_waiting", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"SchedulerConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
+        budget = self.kv_cache_budget_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"SchedulerConfig.kv_cache_budget_bytes must be a positive integer, got {budget!r}")
         wait = self.max_wait_ms
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
             raise ValueError(f"SchedulerConfig.max_wait_ms must be a finite number ≥ 0, got {wait!r}")
@@ -86,18 +93,20 @@ class SchedulerConfig:
         "max_batch_size": "DLLM_MAX_BATCH_SIZE",
         "max_waiting": "DLLM_MAX_WAITING",
         "max_wait_ms": "DLLM_MAX_WAIT_MS",
+        "kv_cache_budget_bytes": "DLLM_KV_CACHE_BUDGET_MB",
     }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SchedulerConfig:
-        """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING and DLLM_MAX_WAIT_MS."""
+        """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING, DLLM_MAX_WAIT_MS and
+        DLLM_KV_CACHE_BUDGET_MB (MiB)."""
         environ = os.environ if environ is None else environ
         values: dict = {}
         for name, var in cls.ENV_VARS.items():
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
-            parse = float if name == "max_wait_ms" else int
+            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else int
             try:
                 values[name] = parse(raw)
                 cls(**{name: values[name]})  # the range check, while we still know which variable it was
@@ -106,6 +115,10 @@ class SchedulerConfig:
                 reason = error if name in values else f"must be {kind}"
                 raise ValueError(f"{var}={raw!r}: {reason}") from None
         return cls(**values)
+
+
+def _mebibytes(raw: str) -> int:
+    return int(raw) * 2**20
 
 
 class StepsRequests(Protocol):
@@ -130,8 +143,15 @@ class RequestHandle:
         self._scheduler = scheduler
 
     @property
-    def canvas_length(self) -> int:
-        return self.request.length
+    def step_width(self) -> int:
+        """Positions its next forward computes: the whole canvas (prompt included), or with a KV cache after
+        a block's first step, only the block (dual) or the block and what follows it (prefix)."""
+        start, end = self.request.forward_span()
+        return end - start
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.request.kv_cache_bytes
 
     @property
     def runs_alone(self) -> bool:
@@ -147,7 +167,7 @@ class RequestHandle:
 class ForwardCost:
     """Seconds per forward ≈ overhead + per_token × (rows × width), fitted online over recent forwards.
 
-    Padding is the one cost a shared forward adds: every row is computed at the batch's widest canvas.
+    Padding is the one cost a shared forward adds: every row is computed at the batch's widest step width.
     Splitting the batch saves that padding but pays the forward's fixed cost (kernel launches, weight
     reads, Python) once more. Which wins depends on the device and the model by orders of magnitude (a
     small model on a CPU is compute-bound from batch 1; an LLM on a GPU is bound by weight reads until
@@ -188,20 +208,22 @@ def length_groups(active: list[RequestHandle], overhead_tokens: float) -> list[l
     """Split the active set into the groups that share a forward, at the least estimated cost per round.
 
     A `force_single_batch` request is a group of its own (bit-reproducible output whatever the load).
-    The others, sorted by canvas length, are cut into contiguous groups minimising
-    Σ_groups (overhead_tokens + rows × widest canvas): the cost, in tokens, of one round in which every
-    request steps once. Minimising it maximises throughput and minimises every request's time per step
-    alike. A dynamic programme over at most max_batch_size requests; ties keep groups merged.
+    The others, sorted by step width (what each computes in its next forward), are cut into contiguous
+    groups minimising Σ_groups (overhead_tokens + rows × widest step): the cost, in tokens, of one round in
+    which every request steps once. Minimising it maximises throughput and minimises every request's time
+    per step alike; requests running block-sized cached steps, for one, are not padded up to the whole
+    canvases of others unless padding is cheaper than another forward on this device. A dynamic programme
+    over at most max_batch_size requests; ties keep groups merged.
     """
     singles = [[handle] for handle in active if handle.runs_alone]
-    shared = sorted((h for h in active if not h.runs_alone), key=lambda h: (h.canvas_length, h.order))
-    if not shared or len(shared) * (shared[-1].canvas_length - shared[0].canvas_length) <= overhead_tokens:
+    shared = sorted((h for h in active if not h.runs_alone), key=lambda h: (h.step_width, h.order))
+    if not shared or len(shared) * (shared[-1].step_width - shared[0].step_width) <= overhead_tokens:
         # All the padding together costs less than one extra forward: no split can be cheaper.
         return singles + ([shared] if shared else [])
     best = [0.0] + [float("inf")] * len(shared)  # best[j]: cheapest split of shared[:j]
     cut = [0] * (len(shared) + 1)
     for j in range(1, len(shared) + 1):
-        width = shared[j - 1].canvas_length
+        width = shared[j - 1].step_width
         for i in range(j):
             cost = best[i] + overhead_tokens + (j - i) * width
             if cost < best[j]:
@@ -252,6 +274,7 @@ class Scheduler:
         # Guarded by _cond: what submit() needs to see.
         self._waiting: deque[RequestHandle] = deque()
         self._running = 0
+        self._kv_cache_reserved = 0  # bytes of KV cache the active requests may hold
         self._stopping = False
         self._drain = False
         # Owned by the scheduler thread.
@@ -321,9 +344,7 @@ class Scheduler:
                 self._stopping = True
                 pending = self._active + list(self._waiting)
                 self._waiting.clear()
-                self._active = []
-                self._running = 0
-                self._publish_sizes()
+                self._leave(list(self._active))
             self._deliver([(h, ending) for h in pending if not h.cancelled])
             for handle in pending:
                 if handle.cancelled:
@@ -343,11 +364,22 @@ class Scheduler:
                 for handle in [h for h in self._waiting if h.cancelled]:
                     self._waiting.remove(handle)
                     self._retire_cancelled(handle)
-            while self._waiting and len(self._active) < self.config.max_batch_size:
-                self._active.append(self._waiting.popleft())
+            while (
+                self._waiting and len(self._active) < self.config.max_batch_size and self._cache_fits(self._waiting[0])
+            ):
+                handle = self._waiting.popleft()
+                self._active.append(handle)
+                self._kv_cache_reserved += handle.kv_cache_bytes
             self._running = len(self._active)
             self._publish_sizes()
             return True
+
+    def _cache_fits(self, handle: RequestHandle) -> bool:
+        """Whether the next waiting request's KV cache fits beside the running ones'. It waits otherwise, and
+        so do those behind it (first come, first served: a large request is never overtaken indefinitely).
+        With nothing running it always fits: the engine refuses requests larger than the whole budget."""
+        budget = self.config.kv_cache_budget_bytes
+        return budget is None or not self._active or self._kv_cache_reserved + handle.kv_cache_bytes <= budget
 
     def _gather_burst(self) -> None:
         # Idle scheduler, first request in: give the rest of a burst `max_wait_ms` to arrive.
@@ -361,16 +393,16 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         if any(h.cancelled for h in self._active):
             with self._cond:
-                for handle in [h for h in self._active if h.cancelled]:
-                    self._active.remove(handle)
+                cancelled = [h for h in self._active if h.cancelled]
+                self._leave(cancelled)
+                for handle in cancelled:
                     self._retire_cancelled(handle)
-                self._running = len(self._active)
-                self._publish_sizes()
 
     def _step(self, batch: list[RequestHandle]) -> None:
         self._iteration += 1
         for handle in batch:
             handle.last_stepped = self._iteration
+        width = max(h.step_width for h in batch)  # before the step moves the requests on
         started = time.perf_counter()
         try:
             results: list[StepEvent | Exception] = self.engine.step([h.request for h in batch])
@@ -378,7 +410,6 @@ class Scheduler:
             logger.exception("a forward pass failed; failing the %d request(s) of its batch", len(batch))
             results = [error] * len(batch)
         else:
-            width = max(h.canvas_length for h in batch)
             self.forward_cost.observe(len(batch) * width, time.perf_counter() - started)
             committed = sum(len(r.committed) for r in results if isinstance(r, StepEvent))
             self.stats.forward_done(len(batch), committed)
@@ -399,18 +430,27 @@ class Scheduler:
                     self.stats.request_completed(time.monotonic() - handle.submitted_at)
         if retired:
             with self._cond:
-                for handle in retired:
-                    self._active.remove(handle)
-                self._running = len(self._active)
-                self._publish_sizes()
+                self._leave(retired)
         self._deliver(outbox)
+
+    def _leave(self, handles: list[RequestHandle]) -> None:
+        """Take active requests out (finished, failed, cancelled): free their slots and their KV caches.
+        Called with _cond held."""
+        for handle in handles:
+            self._active.remove(handle)
+            self._kv_cache_reserved -= handle.kv_cache_bytes
+            handle.request.release()
+        self._running = len(self._active)
+        self._publish_sizes()
 
     def _retire_cancelled(self, handle: RequestHandle) -> None:
         handle.done = True
         self.stats.request_cancelled()
 
     def _publish_sizes(self) -> None:
-        self.stats.set_queue_sizes(running=self._running, waiting=len(self._waiting))
+        self.stats.set_queue_sizes(
+            running=self._running, waiting=len(self._waiting), kv_cache_bytes=self._kv_cache_reserved
+        )
 
     def _deliver(self, outbox: list[tuple[RequestHandle, _Item]]) -> None:
         """One call_soon_threadsafe per event loop per step, however many requests it serves."""

@@ -53,6 +53,8 @@ def _number(value: float) -> str:
 METRICS = {
     "dllm_requests_running": ("gauge", "Requests admitted to the scheduler and being denoised."),
     "dllm_requests_waiting": ("gauge", "Requests accepted but not yet admitted (waiting for a batch slot)."),
+    "dllm_kv_cache_bytes": ("gauge", "KV-cache memory reserved by running requests (kv_cache prefix or dual)."),
+    "dllm_kv_cache_budget_bytes": ("gauge", "KV-cache memory running requests may reserve together."),
     "dllm_requests_total": ("counter", "Requests accepted by the scheduler (rejected-as-overloaded excluded)."),
     "dllm_requests_cancelled_total": ("counter", "Requests cancelled by their consumer (client disconnect)."),
     "dllm_forward_passes_total": ("counter", "Model forward passes run by the scheduler (one per step)."),
@@ -67,6 +69,8 @@ class EngineStats:
         self._lock = threading.Lock()
         self.requests_running = 0
         self.requests_waiting = 0
+        self.kv_cache_bytes = 0
+        self.kv_cache_budget_bytes = 0
         self.requests_total = 0
         self.requests_cancelled_total = 0
         self.forward_passes_total = 0
@@ -80,10 +84,15 @@ class EngineStats:
         with self._lock:
             self.requests_total += 1
 
-    def set_queue_sizes(self, running: int, waiting: int) -> None:
+    def set_queue_sizes(self, running: int, waiting: int, kv_cache_bytes: int = 0) -> None:
         with self._lock:
             self.requests_running = running
             self.requests_waiting = waiting
+            self.kv_cache_bytes = kv_cache_bytes
+
+    def set_kv_cache_budget(self, budget_bytes: int) -> None:
+        with self._lock:
+            self.kv_cache_budget_bytes = budget_bytes
 
     def forward_done(self, batch_size: int, tokens_committed: int) -> None:
         with self._lock:
@@ -107,6 +116,8 @@ class EngineStats:
             out: dict = {
                 "dllm_requests_running": self.requests_running,
                 "dllm_requests_waiting": self.requests_waiting,
+                "dllm_kv_cache_bytes": self.kv_cache_bytes,
+                "dllm_kv_cache_budget_bytes": self.kv_cache_budget_bytes,
                 "dllm_requests_total": self.requests_total,
                 "dllm_requests_cancelled_total": self.requests_cancelled_total,
                 "dllm_forward_passes_total": self.forward_passes_total,

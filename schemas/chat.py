@@ -197,7 +197,8 @@ class ChatCompletionRequest(BaseModel):
         le=MAX_STEPS,
         description=f"Forward passes over the canvas, 1–{MAX_STEPS}. Omitted → min({DEFAULT_STEPS}, gen_length). "
         "Must be a multiple of the number of blocks (gen_length / block_length) and give at most block_length "
-        "steps per block. Fewer steps commit more tokens per step: faster, usually less accurate.",
+        "steps per block. Fewer steps commit more tokens per step: faster, usually less accurate. "
+        "Not allowed with `confidence_threshold` (the threshold decides the number of forward passes).",
     )
     block_length: int | None = Field(
         None,
@@ -249,6 +250,24 @@ class ChatCompletionRequest(BaseModel):
         ge=1,
         le=MAX_LOCAL_LEAP_RADIUS,
         description=f"W, 1–{MAX_LOCAL_LEAP_RADIUS} positions, default 4. Only with `use_local_leap: true`.",
+    )
+
+    kv_cache: Literal["none", "prefix", "dual"] | None = Field(
+        None,
+        description='Approximate KV cache (Fast-dLLM, arXiv:2505.22618). "none" (default): every step runs the '
+        'whole canvas, the exact reference path. "prefix": after a block\'s first step, the prompt and earlier '
+        'blocks are not recomputed (their keys and values from that step are reused). "dual": the block alone is '
+        "recomputed; everything else comes from the cache. Faster on long canvases with several blocks "
+        '(`block_length` < gen_length); an approximation: output can differ from "none".',
+    )
+    confidence_threshold: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Threshold decoding (Fast-dLLM): each step commits every masked position of the block whose "
+        "confidence ≥ this value, plus always the most confident one, instead of a fixed number per step; a block "
+        "takes as many forward passes as it needs. In (0, 1]; omitted → off. 0.9 is Fast-dLLM's setting. Not "
+        "with `num_denoising_steps`, `block_schedule` or `use_local_leap`; works with every `kv_cache`.",
     )
 
     @model_validator(mode="before")
@@ -342,6 +361,8 @@ class ChatCompletionRequest(BaseModel):
             "local_leap_neighbor_threshold": self.local_leap_neighbor_threshold,
             "local_leap_radius": self.local_leap_radius,
             "force_single_batch": self.force_single_batch,
+            "kv_cache": self.kv_cache,
+            "confidence_threshold": self.confidence_threshold,
             "stop": (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
         }
         # None means "the engine's default" (engine.SamplingParams resolves it and reports it back).
@@ -389,7 +410,7 @@ class ResolvedDiffusion(BaseModel):
     gen_length: int = Field(description="Canvas size in tokens.")
     block_length: int
     num_blocks: int
-    num_denoising_steps: int
+    num_denoising_steps: int | None = Field(description="null with `confidence_threshold` (no step count).")
     block_schedule: str
     confidence_metric: str
     temperature: float
@@ -400,6 +421,8 @@ class ResolvedDiffusion(BaseModel):
     local_leap_anchor_threshold: float | None
     local_leap_neighbor_threshold: float | None
     local_leap_radius: int | None
+    kv_cache: str
+    confidence_threshold: float | None
     stop: list[str]
     num_forward_passes: int = Field(description="Model forward passes spent (early exit and LocalLeap lower it).")
 

@@ -24,6 +24,8 @@ EXTENSION_FIELDS = [
     "local_leap_anchor_threshold",
     "local_leap_neighbor_threshold",
     "local_leap_radius",
+    "kv_cache",
+    "confidence_threshold",
 ]
 
 
@@ -92,8 +94,13 @@ def test_stop_string_cuts_the_text_and_finishes_with_stop(service_client):
 # --- stream -------------------------------------------------------------------------------------------
 
 
-def test_stream_chunks_follow_the_contract(service_client):
-    body = {"messages": MESSAGES, "max_tokens": 16, "block_length": 8, "temperature": 0.7, "seed": 5}
+@pytest.mark.parametrize(
+    "acceleration",
+    [{}, {"kv_cache": "prefix"}, {"kv_cache": "dual", "confidence_threshold": 0.5}],
+    ids=["no-cache", "prefix-cache", "dual-cache-threshold"],
+)
+def test_stream_chunks_follow_the_contract(service_client, acceleration):
+    body = {"messages": MESSAGES, "max_tokens": 16, "block_length": 8, "temperature": 0.7, "seed": 5, **acceleration}
     plain = service_client.post(URL, json=body).json()
     response = service_client.post(
         URL, json={**body, "stream": True, "stream_options": {"include_usage": True}}, headers={"X-Request-ID": "s-1"}

@@ -16,6 +16,8 @@ MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
 METRIC_NAMES = [
     "dllm_requests_running",
     "dllm_requests_waiting",
+    "dllm_kv_cache_bytes",
+    "dllm_kv_cache_budget_bytes",
     "dllm_requests_total",
     "dllm_requests_cancelled_total",
     "dllm_forward_passes_total",
@@ -179,9 +181,11 @@ def test_sdk_top_p_is_a_bad_request_citing_the_adr(sdk):
 LONG = {"max_tokens": 256, "num_denoising_steps": 256, "temperature": 1.0, "seed": 7}
 
 
-def test_dropped_stream_frees_its_engine_slot(http):
+@pytest.mark.parametrize("kv_cache", ["none", "dual"])
+def test_dropped_stream_frees_its_engine_slot(http, kv_cache):
     before = metrics(http)
-    with http.stream("POST", "/v1/chat/completions", json={"messages": MESSAGES, **LONG, "stream": True}) as stream:
+    body = {"messages": MESSAGES, **LONG, "block_length": 32, "kv_cache": kv_cache, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as stream:
         assert stream.status_code == 200
         next(line for line in stream.iter_lines() if line.startswith("data: "))
     # Leaving the block closed the connection mid-stream.
@@ -189,7 +193,7 @@ def test_dropped_stream_frees_its_engine_slot(http):
     deadline = time.monotonic() + 60
     while True:
         now = metrics(http)
-        freed = now["dllm_requests_running"] == 0 and now["dllm_requests_waiting"] == 0
+        freed = now["dllm_requests_running"] == now["dllm_requests_waiting"] == now["dllm_kv_cache_bytes"] == 0
         if freed and now["dllm_requests_cancelled_total"] >= before["dllm_requests_cancelled_total"] + 1:
             break
         assert time.monotonic() < deadline, f"slot not freed (or the request finished before the drop): {now}"

@@ -119,6 +119,9 @@ WRONG_TYPES = [
     ("force_single_batch", "yes"),
     ("force_single_batch", 1),
     ("use_local_leap", 1),
+    ("kv_cache", True),
+    ("confidence_threshold", "0.9"),
+    ("confidence_threshold", True),
     ("model", 5),
     ("user", 5),
     ("max_completion_tokens", 4.5),
@@ -184,6 +187,12 @@ OUT_OF_RANGE = [
     ({"stop": ["a", ""]}, "stop"),
     ({"stop": 3}, "stop"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream: true
+    ({"kv_cache": "full"}, "kv_cache"),
+    ({"confidence_threshold": 0}, "confidence_threshold"),
+    ({"confidence_threshold": 1.01}, "confidence_threshold"),
+    ({"confidence_threshold": 0.9, "num_denoising_steps": 4}, "num_denoising_steps"),  # no step count with τ
+    ({"confidence_threshold": 0.9, "use_local_leap": True}, "confidence_threshold"),
+    ({"confidence_threshold": 0.9, "block_schedule": "cosine"}, "block_schedule"),
 ]
 
 
@@ -224,6 +233,10 @@ VALID_BOUNDS = [
     {"use_local_leap": True, "local_leap_radius": 1},
     {"use_local_leap": True, "local_leap_radius": 16},
     {"stop": ["a", "b", "c", "d"], "user": "user-42", "model": "anything/at-all"},
+    {"kv_cache": "none"},
+    {"kv_cache": "prefix", "max_tokens": 8, "block_length": 4, "num_denoising_steps": 4},
+    {"kv_cache": "dual", "max_tokens": 8, "block_length": 2, "confidence_threshold": 1},
+    {"kv_cache": "dual", "confidence_threshold": 1e-9, "block_schedule": "uniform"},
 ]
 
 
@@ -244,6 +257,9 @@ def test_defaults_resolve_as_documented(service_client):
     assert (diffusion["block_schedule"], diffusion["confidence_metric"]) == ("uniform", "top1_prob")
     assert diffusion["temperature"] == 0.0 and diffusion["attention_backend"] == "sdpa"
     assert diffusion["use_local_leap"] is False and diffusion["local_leap_radius"] is None
+    assert diffusion["kv_cache"] == "none" and diffusion["confidence_threshold"] is None
+    with_threshold = chat(service_client, confidence_threshold=0.9).json()["diffusion"]
+    assert with_threshold["num_denoising_steps"] is None  # the threshold, not a step count, sets the forwards
     with_leap = chat(service_client, use_local_leap=True).json()["diffusion"]
     leap = [with_leap[f"local_leap_{k}"] for k in ("anchor_threshold", "neighbor_threshold", "radius")]
     assert leap == [0.9, 0.75, 4]

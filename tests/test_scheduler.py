@@ -11,6 +11,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 
 from engine import (
     DiffusionEngine,
@@ -21,6 +22,7 @@ from engine import (
     SamplingParams,
     SchedulerConfig,
 )
+from engine.memory import default_kv_cache_budget
 from engine.scheduler import ForwardCost, length_groups, next_batch
 from tests.fixture_paths import EMBEDDED_MODEL_DIR, FIXTURE_DIR
 
@@ -167,7 +169,7 @@ def test_force_single_batch_requests_run_alone_and_reproduce_sampled_output(fixt
 
 class FakeHandle:  # just what the padding policy reads
     def __init__(self, length: int, alone: bool = False, order: int = 0):
-        self.canvas_length, self.runs_alone, self.order, self.last_stepped = length, alone, order, -1
+        self.step_width, self.runs_alone, self.order, self.last_stepped = length, alone, order, -1
 
 
 def test_padding_policy_groups_canvas_lengths_by_forward_cost():
@@ -175,7 +177,7 @@ def test_padding_policy_groups_canvas_lengths_by_forward_cost():
     handles = [FakeHandle(n, order=i) for i, n in enumerate(lengths)] + [FakeHandle(30, alone=True, order=9)]
 
     def grouped(overhead_tokens):
-        return [[h.canvas_length for h in g] for g in length_groups(handles, overhead_tokens)]
+        return [[h.step_width for h in g] for g in length_groups(handles, overhead_tokens)]
 
     # A forward that costs nothing by itself: never pay for padding.
     assert grouped(0.0) == [[30], [47], [48], [50], [51], [71], [160]]
@@ -187,7 +189,7 @@ def test_padding_policy_groups_canvas_lengths_by_forward_cost():
     handles[4].last_stepped = handles[5].last_stepped = 3
     for h in handles[:4] + handles[6:]:
         h.last_stepped = 5
-    assert [h.canvas_length for h in next_batch(handles, 30.0)] == [71]
+    assert [h.step_width for h in next_batch(handles, 30.0)] == [71]
 
 
 def test_forward_cost_fit_recovers_the_fixed_cost_of_a_forward():
@@ -412,6 +414,81 @@ def test_shutdown_finishes_or_fails_every_pending_request(fixture_engine, monkey
     engine.shutdown()
 
 
+# --- KV-cache memory -------------------------------------------------------------------------------
+
+
+def cache_bytes(engine: DiffusionEngine, messages, params: SamplingParams) -> int:
+    return engine.new_request(messages=messages, params=params).kv_cache_bytes
+
+
+def test_requests_wait_for_kv_cache_memory_and_uncached_ones_do_not(fixture_engine, monkeypatch):
+    cached = SamplingParams(gen_length=32, block_length=8, num_denoising_steps=16, kv_cache="dual")
+    plain = SamplingParams(gen_length=32, num_denoising_steps=16)
+    one_cache = cache_bytes(fixture_engine, SHORT, cached)
+    assert one_cache == fixture_engine.model.kv_bytes(len(fixture_engine.prompt_ids(SHORT)) + 32)
+    engine = fresh(fixture_engine, max_batch_size=8, max_wait_ms=200, kv_cache_budget_bytes=one_cache * 3 // 2)
+    recorder = StepRecorder(engine)
+    reserved_during_steps: list[int] = []
+
+    def step(requests):
+        reserved_during_steps.append(engine.stats.snapshot()["dllm_kv_cache_bytes"])
+        return recorder(requests)
+
+    monkeypatch.setattr(engine, "step", step)
+    order = [plain, cached, plain, cached, cached]  # first come, first served: the second cached one waits
+
+    async def concurrently():
+        return await asyncio.gather(*(engine.agenerate(messages=SHORT, params=p) for p in order))
+
+    results = run(concurrently())
+    engine.shutdown()
+    assert results == [fixture_engine.generate(messages=SHORT, params=p) for p in order]
+    assert max(reserved_during_steps) == one_cache  # never two caches at once
+    assert max(sum(r.uses_kv_cache for r in batch) for batch in recorder.batches) == 1
+    assert any(len(batch) == 3 for batch in recorder.batches)  # the uncached ones ran beside the first cache
+    assert engine.stats.snapshot()["dllm_kv_cache_bytes"] == 0
+
+
+def test_a_cache_larger_than_the_whole_budget_is_refused_up_front(fixture_engine):
+    cached = SamplingParams(gen_length=32, kv_cache="prefix")
+    engine = fresh(fixture_engine, kv_cache_budget_bytes=cache_bytes(fixture_engine, SHORT, cached) - 1)
+    with pytest.raises(InvalidParameter) as error:
+        run(engine.agenerate(messages=SHORT, params=cached))
+    assert error.value.field == "kv_cache" and "MiB" in str(error.value)
+    run(engine.agenerate(messages=SHORT, params=SamplingParams(gen_length=32)))  # without a cache it fits
+    engine.shutdown()
+
+
+def test_cancelled_and_finished_requests_give_their_cache_back(fixture_engine, monkeypatch):
+    cached = SamplingParams(gen_length=64, block_length=16, num_denoising_steps=64, kv_cache="prefix")
+    engine = fresh(fixture_engine, kv_cache_budget_bytes=cache_bytes(fixture_engine, MEDIUM, cached) * 3 // 2)
+    created = []
+    real_new_request = engine.new_request
+
+    def new_request(*args, **kwargs):
+        created.append(real_new_request(*args, **kwargs))
+        return created[-1]
+
+    monkeypatch.setattr(engine, "new_request", new_request)
+
+    async def scenario():
+        events = engine.astream(messages=MEDIUM, params=cached)
+        await anext(events)
+        await anext(events)
+        assert created[0].kv_cache_tensor is not None
+        await events.aclose()  # a client disconnecting mid-stream
+        await until(lambda: engine.stats.snapshot()["dllm_requests_cancelled_total"] == 1)
+        assert engine.stats.snapshot()["dllm_kv_cache_bytes"] == 0
+        # Had the cancelled request kept its reservation, this one could never be admitted.
+        return await engine.agenerate(messages=MEDIUM, params=cached)
+
+    result = run(scenario())
+    engine.shutdown()
+    assert result == fixture_engine.generate(messages=MEDIUM, params=cached)
+    assert created[0].kv_cache_tensor is None and created[1].kv_cache_tensor is None
+    assert engine.stats.snapshot()["dllm_kv_cache_bytes"] == 0
+
+
 # --- configuration, statistics, lazy start ----------------------------------------------------------
 
 
@@ -419,15 +496,26 @@ def test_scheduler_config_from_env():
     assert SchedulerConfig.from_env({}) == SchedulerConfig(max_batch_size=8, max_waiting=256, max_wait_ms=0.0)
     config = SchedulerConfig.from_env({"DLLM_MAX_BATCH_SIZE": "16", "DLLM_MAX_WAITING": "0", "DLLM_MAX_WAIT_MS": "2.5"})
     assert config == SchedulerConfig(max_batch_size=16, max_waiting=0, max_wait_ms=2.5)
+    budget = SchedulerConfig.from_env({"DLLM_KV_CACHE_BUDGET_MB": "64"}).kv_cache_budget_bytes
+    assert budget == 64 * 2**20
     for env, message in [
         ({"DLLM_MAX_BATCH_SIZE": "eight"}, "DLLM_MAX_BATCH_SIZE='eight': must be an integer"),
         ({"DLLM_MAX_BATCH_SIZE": "0"}, "DLLM_MAX_BATCH_SIZE='0': .*max_batch_size must be an integer ≥ 1"),
         ({"DLLM_MAX_WAITING": "1.5"}, "DLLM_MAX_WAITING='1.5': must be an integer"),
         ({"DLLM_MAX_WAIT_MS": "-1"}, "DLLM_MAX_WAIT_MS='-1': .*max_wait_ms must be a finite number ≥ 0"),
         ({"DLLM_MAX_WAIT_MS": "inf"}, "DLLM_MAX_WAIT_MS='inf': .*max_wait_ms must be a finite number ≥ 0"),
+        ({"DLLM_KV_CACHE_BUDGET_MB": "1.5"}, "DLLM_KV_CACHE_BUDGET_MB='1.5': must be an integer"),
+        ({"DLLM_KV_CACHE_BUDGET_MB": "0"}, "DLLM_KV_CACHE_BUDGET_MB='0': .*must be a positive integer"),
     ]:
         with pytest.raises(ValueError, match=message):
             SchedulerConfig.from_env(env)
+
+
+def test_kv_cache_budget_defaults_to_a_share_of_the_device_memory(fixture_engine):
+    engine = fresh(fixture_engine)  # no budget given
+    budget = engine.scheduler_config.kv_cache_budget_bytes
+    assert budget == default_kv_cache_budget(torch.device("cpu")) > 0
+    assert engine.stats.snapshot()["dllm_kv_cache_budget_bytes"] == budget
 
 
 def test_engine_reads_scheduler_config_from_env(fixture_engine, monkeypatch):

@@ -1,0 +1,31 @@
+"""How much memory the requests' KV caches may hold together (the scheduler admits requests under it).
+
+A cached request keeps its canvas's keys and values from each block's first forward to the end of the block:
+n_layers × 2 × n_kv_heads × head_dim × (prompt + canvas) elements — for LLaDA-8B in bfloat16, 32 × 2 × 4096 ×
+2 bytes = 0.5 MiB per position, 160 MiB for a 64-token prompt and a 256-token canvas. When several cached
+requests share a forward, their caches are also copied into that step's buffer, so a step can briefly need
+as much again: the defaults leave that headroom.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Shares of the memory that is free once the model is loaded (CUDA) or of the machine's memory (CPU). On
+# CUDA the rest is the per-step copy above, activations and the allocator's slack.
+CUDA_FREE_MEMORY_SHARE = 0.4
+CPU_MEMORY_SHARE = 0.25
+
+
+def default_kv_cache_budget(device: torch.device) -> int:
+    """Bytes of KV cache that running requests may hold together, by default, on `device`."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_FREE_MEMORY_SHARE)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * CPU_MEMORY_SHARE)
+
+
+def mebibytes(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
