@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 
 from engine.batch import denoise_step
-from engine.loading import default_device, dtype_from_name, load_model, resolve_model_dir
-from engine.model import LLaDAModelLM
+from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.params import InvalidParameter, SamplingParams
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -34,7 +33,7 @@ def _token_id(value) -> int:
 class DiffusionEngine:
     def __init__(
         self,
-        model: LLaDAModelLM,
+        model: DiffusionLM,
         tokenizer: ChatTokenizer,
         device: torch.device,
         model_name: str,
@@ -61,7 +60,10 @@ class DiffusionEngine:
         scheduler_config: SchedulerConfig | None = None,
         compile: bool | None = None,
     ) -> DiffusionEngine:
-        """Load a LLaDA-format checkpoint: a local directory, a hub id, or (None) the embedded model.
+        """Load a checkpoint: a local directory, a hub id, or (None) the embedded model.
+
+        The family (LLaDA / LLaDA-1.5, or Dream / DiffuCoder) is read from its config.json; no code from the
+        checkpoint is run.
 
         dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
         scheduler_config: batching of the async API; None → `SchedulerConfig.from_env()`.
@@ -81,6 +83,11 @@ class DiffusionEngine:
     @property
     def max_sequence_length(self) -> int:
         return self.model.config.max_sequence_length
+
+    @property
+    def family(self) -> str:
+        """The loaded model's family: "llada" or "dream"."""
+        return self.model.config.family
 
     def prompt_ids(self, messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None) -> list[int]:
         if (messages is None) == (prompt_token_ids is None):
@@ -122,8 +129,13 @@ class DiffusionEngine:
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
     ) -> DenoisingRequest:
-        """Tokenize and validate one request; the result can be stepped alone or in a batch."""
-        params = params or SamplingParams()
+        """Tokenize and validate one request; the result can be stepped alone or in a batch.
+
+        Sampler fields the request left unset take the model family's defaults here, so the result (and the
+        HTTP response's `diffusion` object) reports what actually ran.
+        """
+        defaults = self.model.config.sampler_defaults
+        params = (params or SamplingParams()).with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
         ids = self.prompt_ids(messages, prompt_token_ids)
         total = len(ids) + params.gen_length
         if total > self.max_sequence_length:
@@ -139,6 +151,7 @@ class DiffusionEngine:
             stop_ids=self.tokenizer.stop_ids,
             decode=self.tokenizer.decode,
             device=self.device,
+            timestep_eps=defaults.timestep_eps,
         )
 
     def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]:
