@@ -136,7 +136,9 @@ class DreamModelLM(nn.Module):
             x = layer(x, rope, key_mask)
         if logit_index is None:
             return self.lm_head(self.model.norm(last(x, rope, key_mask)))
-        columns = logit_index.columns - 1  # shifted logits: column c is predicted at c - 1
+        # Shifted logits: column c is predicted at c − 1. Only a filler entry of the grid can be column 0
+        # (a candidate always follows a prompt); clamping keeps it a valid column, and it is dropped anyway.
+        columns = (logit_index.columns - 1).clamp(min=0)
         query_positions = positions.expand(input_ids.shape[0], -1).gather(1, columns)
         query_rope = (cos[query_positions][:, None], sin[query_positions][:, None])  # [B, 1, M, hd]
         x = last(x, rope, key_mask, queries=(columns, query_rope)).flatten(0, 1)

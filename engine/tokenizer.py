@@ -8,10 +8,14 @@ text.
 
 That text is encoded in the same runs as the official tokenization of the whole rendered prompt: a
 tokenizer cuts its input at special tokens first and encodes each run between them independently, so
-cutting at the template's special tokens, and nowhere else, gives the official ids whenever the user
-text contains no special token. (Encoding template text and content separately would not: Dream's
-template puts "user\n" right before the content, and a content starting with "\n" joins that newline
-into one "\n\n" token.)
+cutting at the template's special tokens gives the official ids whenever the user text contains no
+special token. Encoding template text and content separately would not: Dream's template puts "user\n"
+right before the content, and a content starting with "\n" joins that newline into one "\n\n" token.
+
+A template that trims the content (LLaDA's) leaves no whitespace at the content's edges to join across,
+and there the content stays a run of its own: for LLaDA's tokenizer that gives the same ids as one run,
+and it is how the embedded model was trained (its GPT-2-style split would otherwise encode the header's
+"\n\n" before the content as two newline tokens instead of one).
 """
 
 from __future__ import annotations
@@ -95,11 +99,19 @@ class ChatTokenizer:
             if found < 0:
                 raise ValueError("the chat template dropped a message; cannot tokenize this conversation safely")
             self._add_template_text(rendered[start:found], ids, run)
-            content = message["content"]
-            run.append(content.strip() if self._trims_content else content)
+            if self._trims_content:
+                ids += self._encode_run(run)
+                ids += self.encode_text(message["content"].strip())
+            else:
+                run.append(message["content"])
             start = found + len(placeholder)
         self._add_template_text(rendered[start:], ids, run)
-        ids += self.encode_text("".join(run))
+        return ids + self._encode_run(run)
+
+    def _encode_run(self, run: list[str]) -> list[int]:
+        """Encode the pending text as one run and empty it."""
+        ids = self.encode_text("".join(run))
+        run.clear()
         return ids
 
     def _add_template_text(self, text: str, ids: list[int], run: list[str]) -> None:
@@ -108,8 +120,7 @@ class ChatTokenizer:
             if index % 2 == 0:  # re.split with one group alternates text, separator, text, …
                 run.append(part)
                 continue
-            ids += self.encode_text("".join(run))
-            run.clear()
+            ids += self._encode_run(run)
             ids.append(self._special_ids[part])
 
     def decode(self, ids: list[int]) -> str:
