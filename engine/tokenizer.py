@@ -50,12 +50,15 @@ def load_hf_tokenizer(model_dir: str | Path, family: str):
 
 
 class ChatTokenizer:
-    def __init__(self, hf_tokenizer, mask_id: int, eos_id: int, eot_id: int):
+    def __init__(
+        self, hf_tokenizer, mask_id: int, eos_id: int, eot_id: int, extra_stop_ids: frozenset[int] = frozenset()
+    ):
+        """extra_stop_ids: tokens that also end the answer besides EOS and the end of turn (see from_pretrained)."""
         self.hf = hf_tokenizer
         self.mask_id = mask_id
         self.eos_id = eos_id
         self.eot_id = eot_id
-        self.stop_ids = frozenset({eos_id, eot_id})
+        self.stop_ids = frozenset({eos_id, eot_id}) | extra_stop_ids
         self._trims_content = self._template_trims_content()
         # What a tokenizer cuts at before anything else: its special added tokens (longest first, so that
         # no token matches inside a longer one). Both families' special tokens have no strip flags.
@@ -75,7 +78,12 @@ class ChatTokenizer:
             if config.family != "llada":
                 raise ValueError(f"the tokenizer in {model_dir} has no {end_of_turn} token")
             eot_id = LLADA_EOT_ID
-        return cls(hf, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id)
+        # DiffuCoder fills the canvas after its answer with its own pad token, `<|dlm_pad|>`, and its authors
+        # cut the text there; Dream's pad is its EOS. A Dream-family pad token is therefore an end too.
+        extra = frozenset()
+        if config.family == "dream" and hf.pad_token_id not in (None, eos_id, mask_id):
+            extra = frozenset({hf.pad_token_id})
+        return cls(hf, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id, extra_stop_ids=extra)
 
     def _render(self, messages: list[dict]) -> str:
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

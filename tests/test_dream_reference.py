@@ -7,6 +7,8 @@ schedule, so these tests also pin that a Dream model defaults to the "dream" sch
 """
 
 import asyncio
+import json
+import shutil
 
 import pytest
 
@@ -93,6 +95,17 @@ def test_dream_schedule_matches_every_recorded_transfer_count():
     for case in recorded:
         quotas = block_quotas("dream", case["max_new_tokens"], case["steps"])
         assert quotas == case["transfer_counts"], case.get("id")
+
+
+def test_the_schedule_s_eps_comes_from_generation_config(tmp_path):
+    shutil.copytree(DREAM_FIXTURE_DIR, tmp_path / "m")
+    generation_file = tmp_path / "m" / "generation_config.json"
+    generation_file.write_text(json.dumps({**json.loads(generation_file.read_text()), "eps": 0.2}))
+    engine = DiffusionEngine.from_pretrained(tmp_path / "m", device="cpu")
+    params = SamplingParams(gen_length=32, num_denoising_steps=8, early_exit=False)
+    result = engine.generate(prompt_token_ids=[5, 6, 7], params=params)
+    assert [len(step) for step in result.step_commits] == block_quotas("dream", 32, 8, 0.2)
+    assert block_quotas("dream", 32, 8, 0.2) != block_quotas("dream", 32, 8)  # the eps makes a difference
 
 
 @pytest.mark.parametrize("case", BATCHED, ids=[b["id"] for b in BATCHED])

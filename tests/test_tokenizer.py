@@ -1,5 +1,8 @@
 """Tokenizer glue: special ids, and user text that can never become a special token."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -141,3 +144,12 @@ def test_llada_content_that_starts_with_a_newline_is_trimmed_like_the_official_t
     messages = [{"role": "user", "content": "\n\nhi there"}]
     rendered = tokenizer.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert tokenizer.encode_chat(messages) == tokenizer.hf(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_a_dream_family_pad_token_of_its_own_also_ends_the_answer(tmp_path):
+    """DiffuCoder pads its answers with `<|dlm_pad|>` (its tokenizer's pad token); here a copy of the
+    fixture whose tokenizer pads with another special token stands in for it."""
+    shutil.copytree(DREAM_FIXTURE_DIR, tmp_path / "m")
+    config_file = tmp_path / "m" / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "pad_token": "<|video_pad|>"}))
+    assert ChatTokenizer.from_pretrained(tmp_path / "m").stop_ids == {656, 658, 669}
