@@ -201,6 +201,8 @@ class DreamConfig:
             raise ValueError("Dream config.json has no mask_token_id: cannot tell which token is the mask")
         eos = raw["eos_token_id"]
         eps = (generation or {}).get("eps")
+        if eps is not None and not 0 <= eps < 1:
+            raise ValueError(f"unsupported Dream generation_config: eps={eps!r} (the schedule's end time, in [0, 1))")
         return cls(
             hidden_size=hidden,
             num_attention_heads=heads,

@@ -83,6 +83,12 @@ def test_configs_this_implementation_does_not_compute_are_refused(changes, messa
             DreamConfig.from_dict(raw)
 
 
+@pytest.mark.parametrize("eps", [1.0, -0.1, 2])
+def test_a_schedule_end_time_outside_0_1_is_refused(eps):
+    with pytest.raises(ValueError, match=f"eps={eps}"):
+        DreamConfig.from_dict(dream_raw(), {"eps": eps})
+
+
 def test_an_unknown_family_is_refused_when_loading(tmp_path):
     shutil.copytree(DREAM_FIXTURE_DIR, tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text(json.dumps(dream_raw(model_type="mistral", architectures=[])))
