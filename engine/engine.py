@@ -136,6 +136,11 @@ class DiffusionEngine:
         """
         defaults = self.model.config.sampler_defaults
         params = (params or SamplingParams()).with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
+        if params.kv_cache != "none" and self.family != "llada":
+            # The cached forward (KVFrame) exists in the LLaDA model only; Dream's forward computes every position.
+            raise InvalidParameter(
+                "kv_cache", f'is not supported for {self.family} models yet; use "none" (confidence_threshold works)'
+            )
         ids = self.prompt_ids(messages, prompt_token_ids)
         total = len(ids) + params.gen_length
         if total > self.max_sequence_length:
