@@ -1,10 +1,11 @@
-"""The engine at LLaDA-8B scale on one GPU: forward throughput, end-to-end tokens/s, overhead, memory.
+"""The engine at LLaDA-8B (or Dream-7B) scale on one GPU: forward throughput, end-to-end tokens/s, overhead, memory.
 
     python benchmarks/gpu.py --device cuda --json gpu.json     # the real run (about 2 minutes on an H200)
-    python benchmarks/gpu.py --tiny                            # smoke check on CPU (< 60 s; numbers mean nothing)
+    python benchmarks/gpu.py --family dream --device cuda      # the same at Dream-7B / DiffuCoder-7B shapes
+    python benchmarks/gpu.py --tiny [--family dream]           # smoke check on CPU (< 60 s; numbers mean nothing)
 
-The model has LLaDA-8B-Instruct's exact config and random weights, built directly on the device (nothing
-is downloaded): speed depends on shapes, not on weight values. In one run it measures
+The model has LLaDA-8B-Instruct's (or Dream-v0-Instruct-7B's) exact config and random weights, built directly
+on the device (nothing is downloaded): speed depends on shapes, not on weight values. In one run it measures
 
 1. the device's dense matrix rate (a big square matmul in the model dtype): the ceiling for everything else;
 2. the model forward vs batch size × canvas length, as latency and achieved TFLOP/s;
@@ -15,12 +16,14 @@ is downloaded): speed depends on shapes, not on weight values. In one run it mea
 FLOPs per forward (a multiply-add is 2 FLOPs), for B rows of T positions and N candidate positions in all,
 with P = P_blocks / L the linear weights of one block and P_kv those of its key and value projections:
 
-    2 · P · B·T · (L − 1)           linear layers of every block but the last (P_blocks = 6.98 B in all)
+    2 · P · B·T · (L − 1)           linear layers of every block but the last (P_blocks = 6.98 B in all for
+                                    LLaDA-8B, 6.53 B for Dream-7B)
   + 2 · P_kv · B·T + 2 · (P − P_kv) · N    the last block: keys and values everywhere, the rest at candidates
   + 4 · d · T · (T · B · (L − 1) + N)     attention: QKᵀ and the weighted sum of V (last block: N queries)
   + 2 · d · V · N                   the LM head, applied at the N candidate positions only
 
-Embedding lookups, norms, RoPE and activations are not counted (they are memory-bound and small).
+Dream's shifted logits move the last block's queries and the head one column left, not their number.
+Embedding lookups, norms, RoPE, activations and Dream's q/k/v biases are not counted (memory-bound, small).
 "Ceiling" below is FLOPs / measured matmul rate: no forward can be faster than that.
 """
 
@@ -42,14 +45,24 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig  # noqa: E402
-from engine.config import LLaDAConfig  # noqa: E402
-from engine.loading import compile_model, default_dtype, dtype_from_name  # noqa: E402
-from engine.model import LLaDAModelLM, LogitIndex  # noqa: E402
+from engine.config import DreamConfig, LLaDAConfig, ModelConfig  # noqa: E402
+from engine.loading import (  # noqa: E402
+    MODEL_CLASSES,
+    DiffusionLM,
+    compile_model,
+    default_dtype,
+    dtype_from_name,
+    transformer_blocks,
+)
+from engine.model import LogitIndex  # noqa: E402
 from engine.tokenizer import ChatTokenizer  # noqa: E402
 
-# Only its tokenizer is used (engine requests need one); the prompts are token ids, so its vocabulary
-# size does not matter (ids it does not know decode to nothing).
-TOKENIZER_DIR = ROOT / "tests" / "fixtures" / "llada-tiny"
+# Only their tokenizers are used (engine requests need one); the prompts are token ids, so the vocabulary
+# size does not matter (ids a tokenizer does not know decode to nothing).
+TOKENIZER_DIRS = {
+    "llada": ROOT / "tests" / "fixtures" / "llada-tiny",
+    "dream": ROOT / "tests" / "fixtures" / "dream-tiny",
+}
 
 # GSAI-ML/LLaDA-8B-Instruct's config.json, the keys that set the shapes.
 LLADA_8B = LLaDAConfig(
@@ -68,13 +81,26 @@ TINY = replace(
     LLADA_8B, d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=192, vocab_size=448,
     max_sequence_length=512, mask_token_id=402, eos_token_id=401, pad_token_id=401,
 )  # fmt: skip
+# Dream-org/Dream-v0-Instruct-7B's config.json (Qwen2.5-7B's shapes; DiffuCoder-7B has the same), the keys
+# that set the shapes, and its special ids.
+DREAM_7B = DreamConfig(
+    hidden_size=3584, num_attention_heads=28, num_key_value_heads=4, num_hidden_layers=28, intermediate_size=18944,
+    vocab_size=152064, mask_token_id=151666, eos_token_id=151643, pad_token_id=151643, rms_norm_eps=1e-6,
+    rope_theta=1000000.0, max_sequence_length=131072,
+)  # fmt: skip
+TINY_DREAM = replace(
+    DREAM_7B, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+    intermediate_size=192, vocab_size=448, mask_token_id=402, eos_token_id=401, pad_token_id=401,
+    max_sequence_length=512,
+)  # fmt: skip
+MODEL_NAMES = {"llada": "LLaDA-8B", "dream": "Dream-7B"}
 
 
 @dataclass(frozen=True)
 class Plan:
     """What to measure: the real plan, or a tiny one that walks the same code path quickly."""
 
-    config: LLaDAConfig
+    config: ModelConfig
     matmul_size: int
     batches: tuple[int, ...]
     canvases: tuple[int, ...]
@@ -90,6 +116,12 @@ class Plan:
 
 FULL = Plan(LLADA_8B, 8192, (1, 4, 8, 16), (256, 512, 1024), 2, 5, 32, 64, 256, 256, (1, 8), (8, 512))
 SMOKE = Plan(TINY, 256, (1, 4, 8, 16), (64, 128), 1, 2, 32, 16, 64, 64, (1, 8), (8, 128))
+PLANS = {  # (family, tiny) → plan: the Dream plans measure the same shapes of work on Dream's model
+    ("llada", False): FULL,
+    ("llada", True): SMOKE,
+    ("dream", False): replace(FULL, config=DREAM_7B),
+    ("dream", True): replace(SMOKE, config=TINY_DREAM),
+}
 
 # Targets of issue 7 (docs/gpu.md): met or missed is printed, nothing fails on them.
 TARGET_FORWARD_SHARE_OF_CEILING = 0.50
@@ -102,31 +134,42 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def random_model(config: LLaDAConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LLaDAModelLM:
-    """LLaDA with random weights, allocated once, on the device, in `dtype` (no fp32 or host copy)."""
+def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> DiffusionLM:
+    """The config's model with random weights, allocated once, on the device, in `dtype` (no fp32 or host copy)."""
     with torch.device("meta"):
-        model = LLaDAModelLM(config)
+        model = MODEL_CLASSES[type(config)](config)
     model = model.to(dtype).to_empty(device=device)
     torch.manual_seed(seed)
     with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()  # Dream's q/k/v biases
+            elif param.dim() == 1:
                 param.fill_(1.0)  # RMSNorm scales
             else:
                 param.normal_(std=0.02)  # keeps activations in a sane range through 32 layers
     return model.eval().requires_grad_(False)
 
 
-def block_weight_count(model: LLaDAModelLM) -> int:
-    """P_blocks: weights of the linear layers inside the transformer blocks (norm scales excluded)."""
-    return sum(p.numel() for p in model.model.transformer.blocks.parameters() if p.dim() == 2)
+def block_weight_count(model: DiffusionLM) -> int:
+    """P_blocks: weights of the linear layers inside the transformer blocks (norm scales and biases excluded)."""
+    return sum(p.numel() for p in transformer_blocks(model).parameters() if p.dim() == 2)
 
 
-def forward_flops(config: LLaDAConfig, p_blocks: int, batch: int, canvas: int, candidates: float) -> float:
+def shapes(config: ModelConfig) -> tuple[int, int, int]:
+    """(layers, model width, key/value width) under either family's names."""
+    if isinstance(config, DreamConfig):
+        kv_width = config.num_key_value_heads * config.head_dim
+        return config.num_hidden_layers, config.hidden_size, kv_width
+    return config.n_layers, config.d_model, config.n_kv_heads * config.head_dim
+
+
+def forward_flops(config: ModelConfig, p_blocks: int, batch: int, canvas: int, candidates: float) -> float:
     """`candidates`: N, over the whole batch (the formula is in this module's docstring)."""
-    layers, d, positions = config.n_layers, config.d_model, batch * canvas
+    layers, d, kv_width = shapes(config)
+    positions = batch * canvas
     per_block = p_blocks / layers
-    key_value = 2 * d * config.n_kv_heads * config.head_dim
+    key_value = 2 * d * kv_width
     linear = 2 * per_block * positions * (layers - 1) + 2 * key_value * positions
     linear += 2 * (per_block - key_value) * candidates
     attention = 4 * d * canvas * (canvas * batch * (layers - 1) + candidates)
@@ -148,7 +191,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, size: int, iters: int 
     return 2 * size**3 * iters / (time.perf_counter() - start)
 
 
-def forward_inputs(config: LLaDAConfig, device: torch.device, batch: int, canvas: int, candidates: int, padded=False):
+def forward_inputs(config: ModelConfig, device: torch.device, batch: int, canvas: int, candidates: int, padded=False):
     """Random ids, an optional left-padding mask, and the last `candidates` positions of each row."""
     ids = torch.randint(0, config.vocab_size, (batch, canvas), device=device)
     mask = None
@@ -220,7 +263,7 @@ class ForwardClock:
     the run. On CPU the host clock is the device clock.
     """
 
-    def __init__(self, model: LLaDAModelLM, device: torch.device):
+    def __init__(self, model: DiffusionLM, device: torch.device):
         self.device = device
         self.marks: list[tuple] = []
         self._handles = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._end)]
@@ -253,13 +296,15 @@ def end_to_end(model, tokenizer, device, plan: Plan, concurrency: int) -> dict:
     """`concurrency` identical requests submitted together through the async API, one token per forward."""
     # A fresh engine per run: its scheduler admits exactly `concurrency` requests and waits (briefly) for
     # all of them, so every forward of the run is one batch of `concurrency` rows.
+    name = f"{type(plan.config).__name__}-random"
     engine = DiffusionEngine(
-        model, tokenizer, device, "llada-8b-random", SchedulerConfig(max_batch_size=concurrency, max_wait_ms=1000)
+        model, tokenizer, device, name, SchedulerConfig(max_batch_size=concurrency, max_wait_ms=1000)
     )
     params = SamplingParams(
         gen_length=plan.gen_length,
         block_length=plan.block_length,
         num_denoising_steps=plan.steps,
+        block_schedule="uniform",  # one token per forward for both families (Dream's own commits 0 at first)
         early_exit=False,  # random weights emit EOS anywhere: keep the work per request fixed
     )
     generator = torch.Generator().manual_seed(concurrency)
@@ -330,13 +375,14 @@ def count(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny config, few iterations: a smoke check (CPU)")
+    parser.add_argument("--family", choices=["llada", "dream"], default="llada", help="LLaDA-8B or Dream-7B shapes")
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this file")
     args = parser.parse_args()
 
-    plan = SMOKE if args.tiny else FULL
+    plan = PLANS[(args.family, args.tiny)]
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda"))
     dtype = dtype_from_name(args.dtype) if args.dtype else default_dtype(device)
     config = plan.config
@@ -358,7 +404,8 @@ def main() -> None:
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {device} ({device_name})  dtype: {str(dtype).removeprefix('torch.')}  "
-          f"compile: {'on' if args.compile else 'off'}  model: {'tiny' if args.tiny else 'LLaDA-8B'} config, "
+          f"compile: {'on' if args.compile else 'off'}  model: {'tiny ' if args.tiny else ''}"
+          f"{MODEL_NAMES[args.family]} config, "
           f"{count(p_total)} params ({count(p_blocks)} in blocks), random weights")  # fmt: skip
     if args.tiny:
         print("SMOKE CHECK (--tiny): exercises the code path only; these numbers are not performance claims")
@@ -397,7 +444,7 @@ def main() -> None:
           f"block {plan.block_length}, {plan.steps} steps = 1 token per forward, canvas {canvas}")  # fmt: skip
     print(f"{'':8}{'conc':>5}{'forwards':>9}{'wall s':>9}{'tok/s':>10}{'vs 1':>7}{'ceil tok/s':>11}"
           f"{'outside fwd':>12}{'sampler':>9}{'sched':>7}{'MiB/req':>9}")  # fmt: skip
-    tokenizer = ChatTokenizer.from_pretrained(TOKENIZER_DIR, config)
+    tokenizer = ChatTokenizer.from_pretrained(TOKENIZER_DIRS[args.family], config)
     end_to_end(model, tokenizer, device, replace(plan, gen_length=plan.block_length, steps=plan.block_length), 1)
     e2e_rows = []
     for concurrency in plan.concurrencies:
@@ -446,6 +493,7 @@ def main() -> None:
             "device_name": device_name,
             "dtype": str(dtype).removeprefix("torch."),
             "compile": args.compile,
+            "family": args.family,
             "torch": torch.__version__,
             "config": asdict(config),
             "params_total": p_total,

@@ -1,8 +1,12 @@
-"""LLaDA's config.json, parsed by hand.
+"""Checkpoint configs, parsed by hand: which model family a checkpoint is, and the keys that set its math.
 
-transformers' AutoConfig does not know `model_type: llada` and the official remote code does not load
-under transformers 5, so we read the keys that determine the math ourselves and refuse any flag whose
-value would change the math in a way this implementation does not cover.
+transformers' AutoConfig knows neither `model_type: llada` nor `Dream`, and both families' official
+remote code fails under transformers 5, so we read the keys that determine the math ourselves and refuse
+any flag whose value would change the math in a way this implementation does not cover. The family is
+decided by `model_type` / `architectures` alone: nothing from the checkpoint is ever executed.
+
+Both config classes expose what the rest of the engine needs under the same names (`vocab_size`,
+`max_sequence_length`, `mask_token_id`, `eos_token_id`, `pad_token_id`, `family`, `sampler_defaults`).
 """
 
 from __future__ import annotations
@@ -10,11 +14,28 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 # LLaDA-8B's special ids, used when a checkpoint does not declare its own.
 LLADA_MASK_ID = 126336
 LLADA_EOS_ID = 126081
 LLADA_EOT_ID = 126348
+
+# Dream's linear-timestep schedule ends at t = eps instead of 0; its generation_config.json default.
+DREAM_TIMESTEP_EPS = 1e-3
+
+
+@dataclass(frozen=True)
+class SamplerDefaults:
+    """A family's own sampler settings: what a request that leaves these out runs with.
+
+    timestep_eps parameterises the "dream" block schedule (any family may ask for it).
+    """
+
+    block_schedule: str
+    confidence_metric: str
+    timestep_eps: float = DREAM_TIMESTEP_EPS
+
 
 # Flags this implementation assumes; any other value is a different architecture.
 _REQUIRED_FLAGS = {
@@ -33,6 +54,10 @@ _REQUIRED_FLAGS = {
 
 @dataclass(frozen=True)
 class LLaDAConfig:
+    family: ClassVar[str] = "llada"
+    # The official generate(): LLaDA's uniform schedule, low-confidence remasking (top-1 probability).
+    sampler_defaults: ClassVar[SamplerDefaults] = SamplerDefaults("uniform", "top1_prob")
+
     d_model: int
     n_heads: int
     n_kv_heads: int
@@ -120,3 +145,104 @@ class LLaDAConfig:
             "use_cache": False,
             "weight_tying": False,
         }
+
+
+# Qwen2 keys whose other values this implementation does not compute (sliding windows, scaled or
+# multimodal RoPE, tied embeddings).
+_DREAM_REQUIRED_FLAGS = {
+    "hidden_act": "silu",
+    "use_sliding_window": False,
+    "rope_scaling": None,
+    "use_mrope": False,
+    "tie_word_embeddings": False,
+}
+
+
+@dataclass(frozen=True)
+class DreamConfig:
+    """Dream-v0 / DiffuCoder: Qwen2 shapes (GQA, q/k/v biases), bidirectional attention, shifted logits."""
+
+    family: ClassVar[str] = "dream"
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    vocab_size: int  # rows of the embedding and of the LM head, padding included
+    mask_token_id: int  # from config.json: Dream's generation_config.json has it null
+    eos_token_id: int
+    pad_token_id: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    max_sequence_length: int = 131072  # `max_position_embeddings`
+    timestep_eps: float = DREAM_TIMESTEP_EPS  # generation_config.json `eps`
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def sampler_defaults(self) -> SamplerDefaults:
+        # The issue's choice for Dream: its linear-timestep schedule, ranked by (negative) entropy, which is
+        # the rule Dream's model card uses. generation_config.json's own `alg` ("origin") draws the positions
+        # at random and is not offered.
+        return SamplerDefaults("dream", "entropy_inverse", self.timestep_eps)
+
+    @classmethod
+    def from_dict(cls, raw: dict, generation: dict | None = None) -> DreamConfig:
+        for key, expected in _DREAM_REQUIRED_FLAGS.items():
+            if key in raw and raw[key] != expected:
+                raise ValueError(f"unsupported Dream config: {key}={raw[key]!r} (only {expected!r} is implemented)")
+        hidden, heads = raw["hidden_size"], raw["num_attention_heads"]
+        if raw.get("head_dim", hidden // heads) != hidden // heads:
+            raise ValueError(f"unsupported Dream config: head_dim={raw['head_dim']} is not hidden_size / heads")
+        if raw.get("mask_token_id") is None:
+            raise ValueError("Dream config.json has no mask_token_id: cannot tell which token is the mask")
+        eos = raw["eos_token_id"]
+        eps = (generation or {}).get("eps")
+        if eps is not None and not 0 <= eps < 1:
+            raise ValueError(f"unsupported Dream generation_config: eps={eps!r} (the schedule's end time, in [0, 1))")
+        return cls(
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            num_hidden_layers=raw["num_hidden_layers"],
+            intermediate_size=raw["intermediate_size"],
+            vocab_size=raw["vocab_size"],
+            mask_token_id=raw["mask_token_id"],
+            eos_token_id=eos,
+            pad_token_id=raw.get("pad_token_id") if raw.get("pad_token_id") is not None else eos,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=raw.get("rope_theta", 10000.0),
+            max_sequence_length=raw.get("max_position_embeddings", 131072),
+            timestep_eps=DREAM_TIMESTEP_EPS if eps is None else float(eps),
+        )
+
+
+ModelConfig = LLaDAConfig | DreamConfig
+
+
+def model_family(raw: dict) -> str:
+    """The family, "llada" or "dream", from config.json's `model_type` or `architectures` (never from remote code)."""
+    model_type = str(raw.get("model_type", "")).lower()
+    architectures = set(raw.get("architectures") or ())
+    if model_type == "llada" or "LLaDAModelLM" in architectures:
+        return "llada"
+    if model_type == "dream" or "DreamModel" in architectures:
+        return "dream"
+    raise ValueError(
+        f"unsupported model: model_type={raw.get('model_type')!r}, architectures={sorted(architectures)} "
+        "(supported: LLaDA (model_type llada) and Dream / DiffuCoder (model_type Dream))"
+    )
+
+
+def read_config(model_dir: str | Path) -> ModelConfig:
+    """The config of the checkpoint in `model_dir`, as the class of its family."""
+    model_dir = Path(model_dir)
+    raw = json.loads((model_dir / "config.json").read_text())
+    if model_family(raw) == "llada":
+        return LLaDAConfig.from_dict(raw)
+    generation_file = model_dir / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.exists() else None
+    return DreamConfig.from_dict(raw, generation)

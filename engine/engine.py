@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 
 from engine.batch import denoise_step
-from engine.loading import default_device, dtype_from_name, load_model, resolve_model_dir
+from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.memory import default_kv_cache_budget, mebibytes
-from engine.model import LLaDAModelLM
 from engine.params import InvalidParameter, SamplingParams
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -36,7 +35,7 @@ def _token_id(value) -> int:
 class DiffusionEngine:
     def __init__(
         self,
-        model: LLaDAModelLM,
+        model: DiffusionLM,
         tokenizer: ChatTokenizer,
         device: torch.device,
         model_name: str,
@@ -68,7 +67,10 @@ class DiffusionEngine:
         scheduler_config: SchedulerConfig | None = None,
         compile: bool | None = None,
     ) -> DiffusionEngine:
-        """Load a LLaDA-format checkpoint: a local directory, a hub id, or (None) the embedded model.
+        """Load a checkpoint: a local directory, a hub id, or (None) the embedded model.
+
+        The family (LLaDA / LLaDA-1.5, or Dream / DiffuCoder) is read from its config.json; no code from the
+        checkpoint is run.
 
         dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
         scheduler_config: batching of the async API; None → `SchedulerConfig.from_env()`.
@@ -88,6 +90,11 @@ class DiffusionEngine:
     @property
     def max_sequence_length(self) -> int:
         return self.model.config.max_sequence_length
+
+    @property
+    def family(self) -> str:
+        """The loaded model's family: "llada" or "dream"."""
+        return self.model.config.family
 
     def prompt_ids(self, messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None) -> list[int]:
         if (messages is None) == (prompt_token_ids is None):
@@ -129,8 +136,18 @@ class DiffusionEngine:
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
     ) -> DenoisingRequest:
-        """Tokenize and validate one request; the result can be stepped alone or in a batch."""
-        params = params or SamplingParams()
+        """Tokenize and validate one request; the result can be stepped alone or in a batch.
+
+        Sampler fields the request left unset take the model family's defaults here, so the result (and the
+        HTTP response's `diffusion` object) reports what actually ran.
+        """
+        defaults = self.model.config.sampler_defaults
+        params = (params or SamplingParams()).with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
+        if params.kv_cache != "none" and self.family != "llada":
+            # The cached forward (KVFrame) exists in the LLaDA model only; Dream's forward computes every position.
+            raise InvalidParameter(
+                "kv_cache", f'is not supported for {self.family} models yet; use "none" (confidence_threshold works)'
+            )
         ids = self.prompt_ids(messages, prompt_token_ids)
         total = len(ids) + params.gen_length
         if total > self.max_sequence_length:
@@ -156,6 +173,7 @@ class DiffusionEngine:
             decode=self.tokenizer.decode,
             device=self.device,
             kv_cache_bytes=cache_bytes,
+            timestep_eps=defaults.timestep_eps,
         )
 
     def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]:

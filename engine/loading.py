@@ -1,4 +1,4 @@
-"""Find a LLaDA checkpoint (local directory or hub id) and load its weights onto a device."""
+"""Find a checkpoint (local directory or hub id), tell its family from config.json, load its weights onto a device."""
 
 from __future__ import annotations
 
@@ -9,13 +9,19 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.config import LLaDAConfig
+from engine.config import DreamConfig, LLaDAConfig, read_config
+from engine.dream import DreamModelLM
 from engine.model import LLaDAModelLM
+
+DiffusionLM = LLaDAModelLM | DreamModelLM
+# One model class per family; each takes its config and has the forward contract engine/batch.py uses.
+MODEL_CLASSES = {LLaDAConfig: LLaDAModelLM, DreamConfig: DreamModelLM}
 
 # The embedded default model, trained by scripts/train_tiny_model.py.
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat"
 
-_CHECKPOINT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
+# merges.txt: Dream's checkpoints ship their tokenizer as vocab.json + merges.txt, without tokenizer.json.
+_CHECKPOINT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "merges.txt"]
 
 
 def resolve_model_dir(path_or_hub_id: str | Path | None) -> Path:
@@ -73,7 +79,12 @@ def compile_from_env() -> bool:
     raise ValueError(f"DLLM_COMPILE must be 1 or 0, got {raw!r}")
 
 
-def compile_model(model: LLaDAModelLM) -> LLaDAModelLM:
+def transformer_blocks(model: DiffusionLM) -> torch.nn.ModuleList:
+    """The repeated layers of either family (where all the compute is)."""
+    return model.model.layers if isinstance(model, DreamModelLM) else model.model.transformer.blocks
+
+
+def compile_model(model: DiffusionLM) -> DiffusionLM:
     """`torch.compile` the transformer blocks in place (module, state dict and `model.config` unchanged).
 
     Regional compilation: the blocks hold all the compute, and since every block runs the same code one
@@ -84,26 +95,28 @@ def compile_model(model: LLaDAModelLM) -> LLaDAModelLM:
     dynamic=True: batch size and canvas length change from step to step. Still compiled separately:
     batch 1 vs larger (torch specialises size-1 dims) and padded vs unpadded batches; see docs/gpu.md.
     """
-    for block in model.model.transformer.blocks:
+    for block in transformer_blocks(model):
         block.compile(dynamic=True)
     return model
 
 
 def load_model(
     model_dir: Path, device: str | torch.device, dtype: torch.dtype | None = None, compile: bool | None = None
-) -> LLaDAModelLM:
+) -> DiffusionLM:
     """Build the model on the meta device, then read each tensor straight onto `device` in `dtype`.
 
     No full-precision copy of the weights is ever held in host memory: safetensors reads each tensor
     onto the target device and it is cast there, one tensor at a time (a bf16 checkpoint loaded in bf16
     is never cast at all).
+    The family (LLaDA or Dream) comes from config.json (`engine.config.read_config`); its own tensor names
+    must match exactly, so a checkpoint of another architecture fails here rather than computing garbage.
     compile: `torch.compile` the transformer blocks (`compile_model`); None → DLLM_COMPILE (off unless 1).
     """
     compile = compile_from_env() if compile is None else compile
-    config = LLaDAConfig.from_file(model_dir / "config.json")
+    config = read_config(model_dir)
     dtype = dtype or default_dtype(device)
     with torch.device("meta"):
-        model = LLaDAModelLM(config)
+        model = MODEL_CLASSES[type(config)](config)
     expected = set(model.state_dict())
     state: dict[str, torch.Tensor] = {}
     target = str(torch.device(device))
@@ -111,7 +124,7 @@ def load_model(
         with safe_open(str(file), framework="pt", device=target) as shard:
             for name in shard.keys():
                 if name not in expected:
-                    raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a LLaDA checkpoint?")
+                    raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a {config.family} checkpoint?")
                 state[name] = shard.get_tensor(name).to(dtype)
     missing = expected - set(state)
     if missing:

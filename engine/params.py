@@ -8,15 +8,15 @@ report it as `error.param`.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-BlockSchedule = Literal["uniform", "front_loaded", "cosine"]
-ConfidenceMetric = Literal["top1_prob", "entropy_inverse"]
+BlockSchedule = Literal["uniform", "front_loaded", "cosine", "dream"]
+ConfidenceMetric = Literal["top1_prob", "entropy_inverse", "margin"]
 KVCacheMode = Literal["none", "prefix", "dual"]
 
-BLOCK_SCHEDULES = ("uniform", "front_loaded", "cosine")
-CONFIDENCE_METRICS = ("top1_prob", "entropy_inverse")
+BLOCK_SCHEDULES = ("uniform", "front_loaded", "cosine", "dream")
+CONFIDENCE_METRICS = ("top1_prob", "entropy_inverse", "margin")
 KV_CACHE_MODES = ("none", "prefix", "dual")
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_STEPS = 128
@@ -59,8 +59,10 @@ class SamplingParams:
     """How one request is denoised. Omitted lengths resolve as the ADR says:
 
     block_length → gen_length (one bidirectional block); num_denoising_steps → min(128, gen_length);
-    LocalLeap thresholds → κ 0.9, τ 0.75, W 4 when `use_local_leap` is on (setting them while it is
-    off is an error, never silently ignored); seed → a fresh random one (recorded in `seed`).
+    block_schedule and confidence_metric → the loaded model family's own (LLaDA: uniform, top1_prob;
+    Dream: dream, entropy_inverse), filled in by the engine (`with_model_defaults`); LocalLeap
+    thresholds → κ 0.9, τ 0.75, W 4 when `use_local_leap` is on (setting them while it is off is an
+    error, never silently ignored); seed → a fresh random one (recorded in `seed`).
 
     kv_cache ("none" | "prefix" | "dual") and confidence_threshold (None or τ in (0, 1]) are Fast-dLLM's
     approximate KV cache and threshold decoding (docs/sampler.md). With a threshold, each forward commits the
@@ -71,8 +73,8 @@ class SamplingParams:
     gen_length: int = DEFAULT_GEN_LENGTH
     block_length: int | None = None
     num_denoising_steps: int | None = None
-    block_schedule: BlockSchedule = "uniform"
-    confidence_metric: ConfidenceMetric = "top1_prob"
+    block_schedule: BlockSchedule | None = None  # None → the model family's default
+    confidence_metric: ConfidenceMetric | None = None  # None → the model family's default
     temperature: float = 0.0
     seed: int | None = None
     use_local_leap: bool = False
@@ -116,9 +118,9 @@ class SamplingParams:
                 "commits (at least one), and a block takes the forwards it needs; leave it unset",
             )
 
-        if self.block_schedule not in BLOCK_SCHEDULES:
+        if self.block_schedule is not None and self.block_schedule not in BLOCK_SCHEDULES:
             raise InvalidParameter("block_schedule", f"must be one of {', '.join(BLOCK_SCHEDULES)}")
-        if self.confidence_metric not in CONFIDENCE_METRICS:
+        if self.confidence_metric is not None and self.confidence_metric not in CONFIDENCE_METRICS:
             raise InvalidParameter("confidence_metric", f"must be one of {', '.join(CONFIDENCE_METRICS)}")
 
         _require_number("temperature", self.temperature)
@@ -163,7 +165,7 @@ class SamplingParams:
                 "confidence_threshold",
                 "does not combine with use_local_leap: both decide which positions a step commits; use one",
             )
-        if self.block_schedule != "uniform":
+        if self.block_schedule not in (None, "uniform"):
             raise InvalidParameter(
                 "block_schedule",
                 "has no effect with confidence_threshold (the threshold, not a schedule, decides how many tokens a "
@@ -210,6 +212,24 @@ class SamplingParams:
             raise InvalidParameter(
                 "local_leap_radius", f"must be between 1 and {MAX_LOCAL_LEAP_RADIUS}, got {self.local_leap_radius}"
             )
+
+    def with_model_defaults(self, block_schedule: str, confidence_metric: str) -> SamplingParams:
+        """These parameters with the fields left to the model (None) set to the model family's defaults.
+
+        The defaults belong to the model, not to the request: a client that names no schedule gets the
+        sampler the model's authors use, whichever model the server loaded.
+        """
+        if self.block_schedule is not None and self.confidence_metric is not None:
+            return self
+        if self.confidence_threshold is not None:
+            # No schedule applies with a threshold (it decides each step's commits): "uniform" is what such a
+            # request has always reported, whatever the family.
+            block_schedule = "uniform"
+        return replace(
+            self,
+            block_schedule=self.block_schedule or block_schedule,
+            confidence_metric=self.confidence_metric or confidence_metric,
+        )
 
     @property
     def num_blocks(self) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.config import DREAM_TIMESTEP_EPS
 from engine.params import SamplingParams
 from engine.schedules import block_quotas
 from engine.text import IncrementalText
@@ -71,6 +72,10 @@ def confidence_of(logits: torch.Tensor, prediction: torch.Tensor, metric: str) -
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     if metric == "top1_prob":
         return log_probs.gather(-1, prediction[:, None]).squeeze(-1).exp()
+    if metric == "margin":
+        # Dream's `topk_margin`: how far the best token leads the runner-up, p1 − p2 (whatever was sampled).
+        top2 = log_probs.topk(2, dim=-1).values.exp()
+        return top2[:, 0] - top2[:, 1]
     # entropy_inverse: exp(−H) lies in (0, 1] and ranks positions as Dream's entropy rule does.
     return (log_probs.exp() * log_probs).sum(-1).exp()
 
@@ -89,7 +94,9 @@ class DenoisingRequest:
         decode: Callable[[list[int]], str],
         device: torch.device,
         kv_cache_bytes: int = 0,
+        timestep_eps: float = DREAM_TIMESTEP_EPS,
     ):
+        """timestep_eps: the "dream" schedule's end time, from the model's generation_config."""
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.mask_id = mask_id
@@ -100,7 +107,7 @@ class DenoisingRequest:
         self.masked_count = params.gen_length
         self.block = 0
         self.block_step = 0
-        self.quotas = block_quotas(params.block_schedule, params.block_length, params.steps_per_block)
+        self.quotas = block_quotas(params.block_schedule, params.block_length, params.steps_per_block, timestep_eps)
         self.step = 0
         self.first_masked = 0  # committed prefix = generated offsets [0, first_masked)
         self.stop_offset: int | None = None  # first EOS/EOT inside the committed prefix

@@ -1,14 +1,20 @@
 """Block schedules: how many of a block's n masked tokens each of its S steps commits (DESIGN §4).
 
-Every schedule gives each step at least one token and sums to n. `uniform` is LLaDA's reference schedule.
-The others spend the E = n − S spare tokens by a weight per step and round with the largest-remainder
-rule (ties go to the earlier step), so the result is exact and platform-independent.
+Every schedule sums to n. `uniform` is LLaDA's reference schedule. `front_loaded` and `cosine` spend the
+E = n − S spare tokens by a weight per step and round with the largest-remainder rule (ties go to the
+earlier step), so the result is exact and platform-independent; they give every step at least one token.
+`dream` is Dream's own schedule, reproduced in its float32 arithmetic; its first steps may commit nothing.
 """
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import lru_cache
+
+import torch
+
+from engine.config import DREAM_TIMESTEP_EPS
 
 
 def uniform_quotas(n: int, steps: int) -> list[int]:
@@ -40,12 +46,37 @@ def _largest_remainder(shares: list[Fraction], spare: int) -> list[int]:
     return floors
 
 
-def block_quotas(schedule: str, n: int, steps: int) -> list[int]:
-    """Tokens to commit at each of `steps` steps of a block holding `n` masked positions."""
+@lru_cache(maxsize=1024)
+def dream_quotas(n: int, steps: int, eps: float = DREAM_TIMESTEP_EPS) -> tuple[int, ...]:
+    """Dream's linear-timestep transfer schedule (its `diffusion_generate`, every confidence-ranked `alg`).
+
+    Time runs from t = 1 to t = eps over `steps` steps (`torch.linspace(1, eps, steps + 1)`); going from t
+    to s, a fraction 1 − s/t of the positions still masked is committed, truncated to an integer, and the
+    last step commits whatever is left. With eps = 1e-3 and steps = n the first step commits nothing.
+    It is computed in float32 tensors, as the official code computes it, so the counts agree by
+    construction rather than by rounding luck (float64 happens to give the same counts for eps = 1e-3
+    and every n ≤ 512, S ≤ n; other eps values and longer blocks were not checked).
+    """
+    timesteps = torch.linspace(1, eps, steps + 1)
+    quotas, remaining = [], n
+    for t, s in zip(timesteps[:-2], timesteps[1:-1]):
+        quota = int(torch.tensor(float(remaining)) * (1 - s / t))
+        quotas.append(quota)
+        remaining -= quota
+    return (*quotas, remaining)
+
+
+def block_quotas(schedule: str, n: int, steps: int, timestep_eps: float = DREAM_TIMESTEP_EPS) -> list[int]:
+    """Tokens to commit at each of `steps` steps of a block holding `n` masked positions.
+
+    timestep_eps: where the "dream" schedule's time ends (the model's generation_config `eps`).
+    """
     if not 1 <= steps <= n:
         raise ValueError(f"a block of {n} tokens cannot be denoised in {steps} steps (need 1 ≤ steps ≤ {n})")
     if schedule == "uniform":
         return uniform_quotas(n, steps)
+    if schedule == "dream":
+        return list(dream_quotas(n, steps, timestep_eps))
     spare = n - steps
     if schedule == "front_loaded":
         shares = _front_loaded_shares(spare, steps)

@@ -1,47 +1,89 @@
 """Tokenizer glue: chat template, special ids, and encoding that never lets user text become a special token.
 
-A user who types "<|mdm_mask|>" must not create a masked position (the sampler would fill it), nor forge
-a turn header. So the chat template is rendered with placeholders in place of each message's content;
-the template's own text is encoded with special tokens parsed, and each content is encoded with special
-tokens split into ordinary text.
+A user who types "<|mdm_mask|>" (LLaDA) or "<|mask|>" (Dream) must not create a masked position (the
+sampler would fill it), nor forge a turn header. So the chat template is rendered with placeholders in
+place of each message's content: special tokens are taken only from the template's own text, and the
+text around them (template text and contents alike) is encoded with special tokens split into ordinary
+text.
+
+That text is encoded in the same runs as the official tokenization of the whole rendered prompt: a
+tokenizer cuts its input at special tokens first and encodes each run between them independently, so
+cutting at the template's special tokens gives the official ids whenever the user text contains no
+special token. Encoding template text and content separately would not: Dream's template puts "user\n"
+right before the content, and a content starting with "\n" joins that newline into one "\n\n" token.
+
+A template that trims the content (LLaDA's) leaves no whitespace at the content's edges to join across,
+and there the content stays a run of its own: for LLaDA's tokenizer that gives the same ids as one run,
+and it is how the embedded model was trained (its GPT-2-style split would otherwise encode the header's
+"\n\n" before the content as two newline tokens instead of one).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
-from engine.config import LLADA_EOS_ID, LLADA_EOT_ID, LLADA_MASK_ID, LLaDAConfig
+from engine.config import LLADA_EOS_ID, LLADA_EOT_ID, LLADA_MASK_ID, ModelConfig, read_config
 
-EOT_TOKEN = "<|eot_id|>"
+# The token that ends an assistant turn, per family (the other stop token is the config's EOS).
+END_OF_TURN_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+EOT_TOKEN = END_OF_TURN_TOKENS["llada"]
+
+
+def load_hf_tokenizer(model_dir: str | Path, family: str):
+    """The checkpoint's tokenizer, without running any code from the checkpoint.
+
+    LLaDA ships a tokenizer.json. Dream ships only vocab.json + merges.txt and names its remote-code class
+    `DreamTokenizer`, which is transformers' Qwen2 tokenizer renamed: loading it as `Qwen2Tokenizer` gives
+    the same ids without remote code (checked on the fixture's prompts and strings).
+    """
+    from transformers import AutoTokenizer, Qwen2Tokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # silence the "model of type llada/Dream" notice: we only load a tokenizer
+    if family == "dream":
+        return Qwen2Tokenizer.from_pretrained(str(model_dir))
+    # trust_remote_code=False: LLaDA's config carries auto_map, and transformers 5 would otherwise ask
+    # interactively whether to run the remote code. It then falls back to a plain tokenizer.
+    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
 
 
 class ChatTokenizer:
-    def __init__(self, hf_tokenizer, mask_id: int, eos_id: int, eot_id: int):
+    def __init__(
+        self, hf_tokenizer, mask_id: int, eos_id: int, eot_id: int, extra_stop_ids: frozenset[int] = frozenset()
+    ):
+        """extra_stop_ids: tokens that also end the answer besides EOS and the end of turn (see from_pretrained)."""
         self.hf = hf_tokenizer
         self.mask_id = mask_id
         self.eos_id = eos_id
         self.eot_id = eot_id
-        self.stop_ids = frozenset({eos_id, eot_id})
+        self.stop_ids = frozenset({eos_id, eot_id}) | extra_stop_ids
         self._trims_content = self._template_trims_content()
+        # What a tokenizer cuts at before anything else: its special added tokens (longest first, so that
+        # no token matches inside a longer one). Both families' special tokens have no strip flags.
+        specials = sorted((t.content for t in hf_tokenizer.added_tokens_decoder.values() if t.special), key=len)
+        self._special_ids = {token: hf_tokenizer.convert_tokens_to_ids(token) for token in specials}
+        self._special_pattern = re.compile("(" + "|".join(re.escape(t) for t in reversed(specials)) + ")")
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, config: LLaDAConfig | None = None) -> ChatTokenizer:
-        from transformers import AutoTokenizer
-
-        # trust_remote_code=False: LLaDA's config carries auto_map, and transformers 5 would otherwise ask
-        # interactively whether to run the remote code. It then falls back to a plain tokenizer.
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()  # silence the "model of type llada" notice: we only load a tokenizer
-        hf = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-        config = config or LLaDAConfig.from_file(Path(model_dir) / "config.json")
+    def from_pretrained(cls, model_dir: str | Path, config: ModelConfig | None = None) -> ChatTokenizer:
+        config = config or read_config(model_dir)
+        hf = load_hf_tokenizer(model_dir, config.family)
         mask_id = config.mask_token_id if config.mask_token_id is not None else LLADA_MASK_ID
         eos_id = config.eos_token_id if config.eos_token_id is not None else (hf.eos_token_id or LLADA_EOS_ID)
-        eot_id = hf.convert_tokens_to_ids(EOT_TOKEN)
+        end_of_turn = END_OF_TURN_TOKENS[config.family]
+        eot_id = hf.convert_tokens_to_ids(end_of_turn)
         if eot_id is None or eot_id == hf.unk_token_id:
+            if config.family != "llada":
+                raise ValueError(f"the tokenizer in {model_dir} has no {end_of_turn} token")
             eot_id = LLADA_EOT_ID
-        return cls(hf, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id)
+        # DiffuCoder fills the canvas after its answer with its own pad token, `<|dlm_pad|>`, and its authors
+        # cut the text there; Dream's pad is its EOS. A Dream-family pad token is therefore an end too.
+        extra = frozenset()
+        if config.family == "dream" and hf.pad_token_id not in (None, eos_id, mask_id):
+            extra = frozenset({hf.pad_token_id})
+        return cls(hf, mask_id=mask_id, eos_id=eos_id, eot_id=eot_id, extra_stop_ids=extra)
 
     def _render(self, messages: list[dict]) -> str:
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -58,17 +100,36 @@ class ChatTokenizer:
         placeholders = [f"\ue000{uuid.uuid4().hex}\ue001" for _ in messages]
         rendered = self._render([{**m, "content": p} for m, p in zip(messages, placeholders)])
         ids: list[int] = []
+        run: list[str] = []  # the text since the last template special token
         start = 0  # an index, not a shrinking remainder string: copying the rest per message is quadratic
         for message, placeholder in zip(messages, placeholders):
             found = rendered.find(placeholder, start)
             if found < 0:
                 raise ValueError("the chat template dropped a message; cannot tokenize this conversation safely")
-            ids += self.hf(rendered[start:found], add_special_tokens=False)["input_ids"]
-            content = message["content"]
-            ids += self.encode_text(content.strip() if self._trims_content else content)
+            self._add_template_text(rendered[start:found], ids, run)
+            if self._trims_content:
+                ids += self._encode_run(run)
+                ids += self.encode_text(message["content"].strip())
+            else:
+                run.append(message["content"])
             start = found + len(placeholder)
-        ids += self.hf(rendered[start:], add_special_tokens=False)["input_ids"]
+        self._add_template_text(rendered[start:], ids, run)
+        return ids + self._encode_run(run)
+
+    def _encode_run(self, run: list[str]) -> list[int]:
+        """Encode the pending text as one run and empty it."""
+        ids = self.encode_text("".join(run))
+        run.clear()
         return ids
+
+    def _add_template_text(self, text: str, ids: list[int], run: list[str]) -> None:
+        """Template text: its special tokens become their ids, cutting the run of text; the rest joins the run."""
+        for index, part in enumerate(self._special_pattern.split(text) if self._special_ids else [text]):
+            if index % 2 == 0:  # re.split with one group alternates text, separator, text, …
+                run.append(part)
+                continue
+            ids += self._encode_run(run)
+            ids.append(self._special_ids[part])
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -206,15 +206,19 @@ class ChatCompletionRequest(BaseModel):
         description="Tokens per block, 1–gen_length; gen_length must be a multiple of it. Omitted → gen_length "
         "(one fully bidirectional block). Blocks are denoised left to right (semi-autoregressive).",
     )
-    block_schedule: Literal["uniform", "front_loaded", "cosine"] | None = Field(
+    block_schedule: Literal["uniform", "front_loaded", "cosine", "dream"] | None = Field(
         None,
-        description='How many tokens each step of a block commits. "uniform" (default, LLaDA\'s reference), '
-        '"front_loaded" (more early, linearly fewer later), "cosine" (few early, more later).',
+        description='How many tokens each step of a block commits. "uniform" (LLaDA\'s reference), '
+        '"front_loaded" (more early, linearly fewer later), "cosine" (few early, more later), "dream" (Dream\'s '
+        "linear-timestep schedule: a share of the tokens still masked, none at first, most at the end). "
+        'Omitted → the model\'s own: "uniform" for LLaDA, "dream" for Dream / DiffuCoder.',
     )
-    confidence_metric: Literal["top1_prob", "entropy_inverse"] | None = Field(
+    confidence_metric: Literal["top1_prob", "entropy_inverse", "margin"] | None = Field(
         None,
-        description='Which masked positions are committed first. "top1_prob" (default): the highest '
-        'probability of the predicted token. "entropy_inverse": exp(−entropy) of the position\'s distribution.',
+        description='Which masked positions are committed first. "top1_prob": the highest probability of the '
+        'predicted token. "entropy_inverse": exp(−entropy) of the position\'s distribution. "margin": the top '
+        "token's probability minus the runner-up's. Omitted → the model's own: \"top1_prob\" for LLaDA, "
+        '"entropy_inverse" for Dream / DiffuCoder.',
     )
     target_length: int | None = Field(
         None,

@@ -13,7 +13,7 @@ CHAT_REQUEST_REF = "#/components/schemas/ChatCompletionRequest"
 CHAT_CHUNK_REF = "#/components/schemas/ChatCompletionChunk"
 
 API_DESCRIPTION = """
-An OpenAI Chat Completions–compatible API for **diffusion language models** (LLaDA), following ADR 005.
+An OpenAI Chat Completions–compatible API for **diffusion language models** (LLaDA, Dream, DiffuCoder), following ADR 005.
 
 **Diffusion vs OpenAI semantics** (full table in the README and docs/api.md):
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent
 FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada-tiny"
+DREAM_FIXTURE_DIR = TESTS_DIR / "fixtures" / "dream-tiny"
 EMBEDDED_MODEL_DIR = TESTS_DIR.parent / "models" / "tiny-llada-chat"
 FAST_DLLM_DIR = TESTS_DIR / "fixtures" / "fast-dllm"
 
@@ -20,3 +21,9 @@ def reference() -> dict:
 def fast_dllm_reference() -> dict:
     """Official Fast-dLLM sampler runs (no cache, prefix cache, dual cache) on the same fixture checkpoint."""
     return json.loads((FAST_DLLM_DIR / "reference-a.json").read_text())
+
+
+@cache
+def dream_reference() -> dict:
+    """Official Dream logits, diffusion_generate() outputs and chat prompts for the Dream fixture."""
+    return json.loads((DREAM_FIXTURE_DIR / "reference.json").read_text())

@@ -20,26 +20,23 @@ from torch.utils._pytree import tree_leaves
 from engine import DiffusionEngine, SamplingParams
 from engine.batch import denoise_step
 from engine.config import LLaDAConfig
-from engine.loading import compile_from_env, load_model
+from engine.dream import DreamModelLM
+from engine.loading import MODEL_CLASSES, compile_from_env, load_model
 from engine.model import LLaDAModelLM
-from tests.fixture_paths import FIXTURE_DIR, TESTS_DIR
+from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR, TESTS_DIR
 
 ROOT = TESTS_DIR.parent
 HANG_GUARD_S = 300  # turns a hang into a failure; the script takes seconds
 
 
-@pytest.fixture(scope="module")
-def engine() -> DiffusionEngine:
-    return DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
-
-
 # --- benchmarks/gpu.py --tiny: the script that measures the GPU must not rot ----------------------------
 
 
-def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path):
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
     out = tmp_path / "gpu.json"
     done = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--tiny", "--json", str(out)],
+        [sys.executable, "benchmarks/gpu.py", "--tiny", "--family", family, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -57,7 +54,7 @@ def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path):
     assert sum(line.strip().startswith(("forward at", "outside the forward", "concurrency 8")) for line in lines) == 3
 
     report = json.loads(out.read_text())
-    assert report["smoke_check_only"] is True
+    assert report["smoke_check_only"] is True and report["family"] == family
     assert len(report["forward"]) == 8 and len(report["end_to_end"]) == 2
     assert report["attention_kernels"] == {"unpadded": "flash", "padded": "flash"}  # CPU's flash takes masks
     for row in report["end_to_end"]:
@@ -80,6 +77,22 @@ def test_flop_formula_at_llada_8b_scale():
     linear = 2 * block * 8 * 512 * 31 + 2 * (2 * 4096**2) * 8 * 512 + 2 * (block - 2 * 4096**2) * 256
     attention = 4 * 31 * 4096 * 512**2 * 8 + 4 * 4096 * 512 * 256
     head = 2 * 4096 * 126464 * 256
+    assert flops == linear + attention + head
+
+
+def test_flop_formula_at_dream_7b_scale():
+    from benchmarks.gpu import DREAM_7B, block_weight_count, forward_flops
+
+    with torch.device("meta"):
+        model = DreamModelLM(DREAM_7B)
+    block = 2 * 3584**2 + 2 * 3584 * 512 + 3 * 3584 * 18944  # q, o; k, v (4 kv heads of 128); the MLP
+    assert block_weight_count(model) == 28 * block  # 6.53 B: biases and norm scales are not counted
+    assert model.num_parameters() == pytest.approx(7.62e9, rel=0.01)  # Dream-7B (Qwen2.5-7B's shapes)
+    flops = forward_flops(DREAM_7B, 28 * block, batch=8, canvas=512, candidates=8 * 32)
+    key_value = 2 * 3584 * 512
+    linear = 2 * block * 8 * 512 * 27 + 2 * key_value * 8 * 512 + 2 * (block - key_value) * 256
+    attention = 4 * 27 * 3584 * 512**2 * 8 + 4 * 3584 * 512 * 256
+    head = 2 * 3584 * 152064 * 256
     assert flops == linear + attention + head
 
 
@@ -133,15 +146,18 @@ STEP_SETTINGS = [
     dict(gen_length=32, block_length=8, num_denoising_steps=8, confidence_metric="entropy_inverse"),
     dict(gen_length=16, num_denoising_steps=16, use_local_leap=True),
     dict(gen_length=8, num_denoising_steps=1, block_schedule="cosine"),  # a block's last step commits all
+    dict(gen_length=16, num_denoising_steps=8, block_schedule="dream", confidence_metric="margin"),
 ]
 
 
-def test_device_side_of_a_step_never_waits_for_the_device(engine):
+@pytest.mark.parametrize("model_dir", [FIXTURE_DIR, DREAM_FIXTURE_DIR], ids=["llada", "dream"])
+def test_device_side_of_a_step_never_waits_for_the_device(model_dir):
     """Run the model and every request's proposal on the meta device, which has no data: any op that
     needs device values on the host (`.item()`, `bool(t)`, `.tolist()`, `.cpu()`, `nonzero`, boolean
     indexing) raises there. The only such op in a step must be the one packed copy of the proposals."""
+    engine = DiffusionEngine.from_pretrained(model_dir, device="cpu")
     with torch.device("meta"):
-        model = LLaDAModelLM(engine.model.config)
+        model = MODEL_CLASSES[type(engine.model.config)](engine.model.config)
     meta = torch.device("meta")
     requests = [
         engine.new_request(prompt_token_ids=list(range(5, 5 + 3 * i + 2)), params=SamplingParams(**settings))

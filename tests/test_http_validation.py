@@ -158,7 +158,7 @@ OUT_OF_RANGE = [
     ({"block_length": 8}, "block_length"),  # longer than the 4-token canvas
     ({"max_tokens": 8, "block_length": 3}, "block_length"),  # does not divide the canvas
     ({"block_schedule": "linear"}, "block_schedule"),
-    ({"confidence_metric": "margin"}, "confidence_metric"),
+    ({"confidence_metric": "top2_gap"}, "confidence_metric"),
     ({"target_length": 0}, "target_length"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 10**30}, "max_tokens"),  # a huge canvas is a 400, never a 500 or an allocation
@@ -222,6 +222,7 @@ VALID_BOUNDS = [
     {"block_schedule": "uniform", "confidence_metric": "top1_prob"},
     {"block_schedule": "front_loaded", "confidence_metric": "entropy_inverse", "num_denoising_steps": 2},
     {"block_schedule": "cosine", "num_denoising_steps": 2},
+    {"block_schedule": "dream", "confidence_metric": "margin"},  # Dream's sampler on a LLaDA model
     {"target_length": 4, "max_tokens": None},
     {"max_tokens": 4, "max_completion_tokens": 4},
     {"max_tokens": None, "max_completion_tokens": 4},

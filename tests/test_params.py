@@ -9,7 +9,7 @@ from engine import InvalidParameter, SamplingParams
 def test_defaults_follow_the_adr():
     p = SamplingParams()
     assert (p.gen_length, p.block_length, p.num_denoising_steps) == (128, 128, 128)
-    assert (p.block_schedule, p.confidence_metric, p.temperature) == ("uniform", "top1_prob", 0.0)
+    assert (p.block_schedule, p.confidence_metric, p.temperature) == (None, None, 0.0)  # the model's defaults
     assert p.use_local_leap is False and p.local_leap_anchor_threshold is None
     assert p.early_exit is True and p.force_single_batch is False
 
@@ -40,8 +40,8 @@ INVALID = [
     ),
     (dict(gen_length=32, block_length=8, num_denoising_steps=64), "num_denoising_steps", "more than block_length"),
     (dict(gen_length=32, num_denoising_steps=True), "num_denoising_steps", "must be an integer"),
-    (dict(block_schedule="linear"), "block_schedule", "one of uniform, front_loaded, cosine"),
-    (dict(confidence_metric="margin"), "confidence_metric", "one of top1_prob, entropy_inverse"),
+    (dict(block_schedule="linear"), "block_schedule", "one of uniform, front_loaded, cosine, dream"),
+    (dict(confidence_metric="top2_gap"), "confidence_metric", "one of top1_prob, entropy_inverse, margin"),
     (dict(temperature=-0.1), "temperature", "between 0 and 2"),
     (dict(temperature=2.5), "temperature", "between 0 and 2"),
     (dict(temperature="1"), "temperature", "must be a number"),
@@ -91,3 +91,14 @@ def test_valid_edge_values_are_accepted():
         use_local_leap=True, local_leap_anchor_threshold=0, local_leap_neighbor_threshold=1, local_leap_radius=16
     )
     assert SamplingParams(stop="###").stop == ("###",)
+
+
+def test_model_defaults_fill_only_what_the_request_left_out():
+    left_out = SamplingParams(gen_length=32, seed=7)
+    filled = left_out.with_model_defaults("dream", "entropy_inverse")
+    assert (filled.block_schedule, filled.confidence_metric) == ("dream", "entropy_inverse")
+    assert (filled.seed, filled.gen_length, filled.num_denoising_steps) == (7, 32, 32)  # nothing else changes
+    chosen = SamplingParams(block_schedule="cosine", confidence_metric="margin")
+    assert chosen.with_model_defaults("dream", "entropy_inverse") == chosen
+    half = SamplingParams(confidence_metric="margin").with_model_defaults("uniform", "top1_prob")
+    assert (half.block_schedule, half.confidence_metric) == ("uniform", "margin")
