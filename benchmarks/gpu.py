@@ -292,7 +292,7 @@ class ForwardClock:
             handle.remove()
 
 
-def end_to_end(model, tokenizer, device, plan: Plan, concurrency: int) -> dict:
+def end_to_end(model, tokenizer, device, plan: Plan, concurrency: int, kv_cache: str = "none") -> dict:
     """`concurrency` identical requests submitted together through the async API, one token per forward."""
     # A fresh engine per run: its scheduler admits exactly `concurrency` requests and waits (briefly) for
     # all of them, so every forward of the run is one batch of `concurrency` rows.
@@ -306,6 +306,7 @@ def end_to_end(model, tokenizer, device, plan: Plan, concurrency: int) -> dict:
         num_denoising_steps=plan.steps,
         block_schedule="uniform",  # one token per forward for both families (Dream's own commits 0 at first)
         early_exit=False,  # random weights emit EOS anywhere: keep the work per request fixed
+        kv_cache=kv_cache,
     )
     generator = torch.Generator().manual_seed(concurrency)
     special = {tokenizer.mask_id, *tokenizer.stop_ids}
@@ -344,6 +345,9 @@ def end_to_end(model, tokenizer, device, plan: Plan, concurrency: int) -> dict:
     tokens = sum(len(r.canvas_ids) for r in results)
     row = {
         "concurrency": concurrency,
+        "kv_cache": kv_cache,
+        "kv_cache_mib_per_request": engine.new_request(prompt_token_ids=prompts[0], params=params).kv_cache_bytes
+        / 2**20,
         "prompt_length": plan.prompt_length,
         "gen_length": plan.gen_length,
         "block_length": plan.block_length,
@@ -462,6 +466,22 @@ def main() -> None:
               f"{row['sampler_share']:>9.1%}{row['scheduler_share']:>7.1%}"
               f"{fmt(row['peak_mib_per_request'], '.0f'):>9}")  # fmt: skip
 
+    cache_rows = []
+    if args.family == "llada":  # the KV cache exists for the LLaDA family only, so far
+        print(f"\nKV cache (Fast-dLLM), end to end, same requests: gen {plan.gen_length}, block {plan.block_length}, "
+              f"1 token per forward; MiB/req = the cache one request holds")  # fmt: skip
+        print(f"{'':8}{'mode':>7}{'conc':>5}{'wall s':>9}{'tok/s':>10}{'vs none':>9}{'cache MiB/req':>14}"
+              f"{'peak MiB/req':>13}")  # fmt: skip
+        for concurrency in plan.concurrencies:
+            none = next(r for r in e2e_rows if r["concurrency"] == concurrency)
+            for mode in ("none", "prefix", "dual"):
+                row = none if mode == "none" else end_to_end(model, tokenizer, device, plan, concurrency, mode)
+                row = {**row, "speedup_vs_none": row["tokens_per_s"] / none["tokens_per_s"]}
+                cache_rows.append(row)
+                print(f"{'kv':8}{mode:>7}{concurrency:>5}{row['wall_s']:>9.2f}{row['tokens_per_s']:>10.1f}"
+                      f"{row['speedup_vs_none']:>8.2f}x{row['kv_cache_mib_per_request']:>14.1f}"
+                      f"{fmt(row['peak_mib_per_request'], '.0f'):>13}")  # fmt: skip
+
     target_row = next(r for r in forward_rows if (r["batch"], r["canvas"]) == plan.target_shape)
     busiest = e2e_rows[-1]
     targets = {
@@ -505,6 +525,7 @@ def main() -> None:
             "attention_kernels": backends,
             "forward": forward_rows,
             "end_to_end": e2e_rows,
+            "kv_cache": cache_rows,
             "targets": {k: {"value": v, "target": t, "met": met[k]} for k, (v, t) in targets.items()},
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
