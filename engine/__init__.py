@@ -1,9 +1,10 @@
 """dllm-serve's engine: native LLaDA model, diffusion sampler, batching scheduler. No HTTP here."""
 
 from engine.engine import DiffusionEngine
-from engine.params import InvalidParameter, SamplingParams
+from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
+from engine.params import SamplingParams
 from engine.sampler import GenerationResult, StepEvent
-from engine.scheduler import EngineOverloaded, EngineShutdown, SchedulerConfig
+from engine.scheduler import SchedulerConfig
 from engine.stats import EngineStats
 
 __all__ = [

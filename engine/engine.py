@@ -1,4 +1,10 @@
-"""`DiffusionEngine`: the offline Python API (DESIGN §3)."""
+"""`DiffusionEngine`: the Python API (docs/design.md, "Engine contract").
+
+One execution model: every request, from the sync API (`stream`, `generate`) or the async one
+(`astream`, `agenerate`), is denoised on the engine's one scheduler thread, so the model only ever runs
+there and requests from both share forwards. The sync calls block their own thread until the events
+arrive; the async ones await them on their event loop.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import asyncio
 import dataclasses
 import operator
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
@@ -14,9 +20,10 @@ from pathlib import Path
 import torch
 
 from engine.batch import denoise_step
+from engine.errors import InvalidParameter
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.memory import default_kv_cache_budget, mebibytes
-from engine.params import InvalidParameter, SamplingParams
+from engine.params import SamplingParams
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.stats import EngineStats
@@ -51,9 +58,9 @@ class DiffusionEngine:
         if config.kv_cache_budget_bytes is None:
             config = dataclasses.replace(config, kv_cache_budget_bytes=default_kv_cache_budget(device))
         self.scheduler_config = config
-        self.stats = EngineStats()  # what the async API did; the sync API is not counted
+        self.stats = EngineStats()  # every request, sync or async: they all go through the scheduler
         self.stats.set_kv_cache_budget(config.kv_cache_budget_bytes)
-        self._scheduler: Scheduler | None = None  # started on first async use
+        self._scheduler: Scheduler | None = None  # started by the first request
         self._scheduler_lock = threading.Lock()
         # Tokenizes async requests off the event loop (see `astream`); one thread keeps them in call order.
         self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-prepare")
@@ -73,7 +80,7 @@ class DiffusionEngine:
         checkpoint is run.
 
         dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
-        scheduler_config: batching of the async API; None → `SchedulerConfig.from_env()`.
+        scheduler_config: how the scheduler batches requests; None → `SchedulerConfig.from_env()`.
         compile: `torch.compile` the model forward (dynamic shapes); None → DLLM_COMPILE=1 (off by default).
         """
         scheduler_config = scheduler_config or SchedulerConfig.from_env()  # bad env vars fail before loading
@@ -180,19 +187,30 @@ class DiffusionEngine:
         """One shared forward for `requests` and each one's sampler step (see engine.batch)."""
         return denoise_step(self.model, requests, self.device, self.model.config.pad_token_id)
 
+    # --- the sync API: blocks the calling thread; denoising runs on the scheduler thread, batched ------
+
     def stream(
         self,
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
     ) -> Iterator[StepEvent]:
-        """Denoise one request on the calling thread, yielding one event per forward pass."""
-        request = self.new_request(messages, prompt_token_ids, params)
-        while not request.finished:
-            (event,) = self.step([request])
-            if isinstance(event, Exception):
-                raise event
-            yield event
+        """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
+
+        Raises, before any event: InvalidParameter / ValueError (bad input), EngineOverloaded (waiting
+        queue full), EngineShutdown. Later: the exception the request's step raised. Closing the
+        iterator early frees the request's batch slot at the next step.
+        """
+        request = self.new_request(messages, prompt_token_ids, params)  # tokenized on the caller's thread
+        handle = self._running_scheduler().submit(request)
+        try:
+            while True:
+                event = handle.wait_event()
+                yield event
+                if event.finished:
+                    return
+        finally:
+            handle.cancel()  # no-op once finished; otherwise the consumer left early
 
     def generate(
         self,
@@ -200,10 +218,16 @@ class DiffusionEngine:
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
     ) -> GenerationResult:
-        for event in self.stream(messages, prompt_token_ids, params):
-            if event.finished:
-                return event.result
-        raise RuntimeError("the sampler stopped without finishing")  # unreachable: every canvas fills up
+        """The request's result (same errors as `stream`). Only the last event is delivered: the calling
+        thread is woken once, not at every step, which a lone request would pay for in latency."""
+        request = self.new_request(messages, prompt_token_ids, params)
+        handle = self._running_scheduler().submit(request, every_event=False)
+        try:
+            event = handle.wait_event()
+        finally:
+            handle.cancel()  # no-op once finished; otherwise the caller was interrupted
+        assert event.finished and event.result is not None
+        return event.result
 
     # --- the async API (the HTTP service): denoising runs on the scheduler thread, batched -----------
 
@@ -212,7 +236,7 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
-    ) -> AsyncIterator[StepEvent]:
+    ) -> AsyncGenerator[StepEvent, None]:
         """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
 
         Raises, before any event: InvalidParameter / ValueError (bad input), EngineOverloaded (waiting
@@ -228,11 +252,9 @@ class DiffusionEngine:
         handle = self._running_scheduler().submit(request, loop)
         try:
             while True:
-                item = await handle.events.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
+                event = await handle.next_event()
+                yield event
+                if event.finished:
                     return
         finally:
             handle.cancel()  # no-op once finished; otherwise the consumer left early
@@ -251,8 +273,8 @@ class DiffusionEngine:
         raise RuntimeError("the sampler stopped without finishing")  # unreachable: every canvas fills up
 
     def shutdown(self, drain: bool = False, timeout: float | None = None) -> None:
-        """Stop the scheduler thread. Pending async requests fail with EngineShutdown (drain=False) or are
-        finished first (drain=True); none is left hanging. A later async call starts a fresh scheduler."""
+        """Stop the scheduler thread. Pending requests fail with EngineShutdown (drain=False) or are finished
+        first (drain=True); none is left hanging. A later request starts a fresh scheduler."""
         with self._scheduler_lock:
             scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:

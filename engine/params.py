@@ -1,4 +1,4 @@
-"""Per-request sampling parameters, with the names and defaults of ADR 005.
+"""Per-request sampling parameters, with the names and defaults of ADR 005 (docs/adr/005-openai-compatible-api.md).
 
 Every rule lives here, so the offline API and the HTTP layer reject the same things with the same words.
 A violated rule raises `InvalidParameter` (a ValueError) that names the field, so the HTTP layer can
@@ -10,6 +10,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 from typing import Literal
+
+from engine.errors import InvalidParameter
 
 BlockSchedule = Literal["uniform", "front_loaded", "cosine", "dream"]
 ConfidenceMetric = Literal["top1_prob", "entropy_inverse", "margin"]
@@ -30,13 +32,6 @@ LOCAL_LEAP_DEFAULTS = {
 }
 MAX_LOCAL_LEAP_RADIUS = 16
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
-
-
-class InvalidParameter(ValueError):
-    def __init__(self, field_name: str, rule: str):
-        super().__init__(f"{field_name}: {rule}")
-        self.field = field_name
-        self.rule = rule
 
 
 def _require_int(name: str, value) -> None:

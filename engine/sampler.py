@@ -1,4 +1,4 @@
-"""The per-request diffusion sampler (DESIGN §4).
+"""The per-request diffusion sampler (docs/design.md, "Sampler").
 
 A `DenoisingRequest` holds one request's canvas and walks it block by block. A step is split in two so
 that many requests can share one model forward (engine/batch.py):

@@ -1,20 +1,23 @@
-"""Step-level batching: one thread owns the model and advances every active request together (DESIGN §7).
+"""Step-level batching: one thread owns the model and advances every active request together.
 
-Each iteration of the scheduler thread
+(docs/design.md, "Batching".) Each iteration of the scheduler thread
 1. admits waiting requests (FIFO) into free slots, up to `max_batch_size` active requests;
 2. drops requests whose consumer went away (cancelled), freeing their slots;
-3. picks the step's batch (see `next_batch`): normally every active request, so they share ONE forward;
+3. picks the step's batch (`next_batch`, engine/batching_policy.py): normally every active request, so
+   they share ONE forward;
 4. runs `engine.step(batch)` (one left-padded forward, then each request's own sampler step);
-5. hands each request its `StepEvent` (or the exception its step raised) on its consumer's event loop;
+5. hands each request its `StepEvent` (or the exception its step raised) to its consumer;
 6. retires finished, failed and cancelled requests.
 
 A request therefore joins at the next step after it arrives and leaves as soon as it is done: nobody waits
 for a batch to drain (the diffusion analogue of continuous batching). Requests with different prompts,
 canvas sizes and sampling settings share a forward; the sampler keeps every per-request decision separate.
 
-Threads: the asyncio side only calls `submit()` and `RequestHandle.cancel()`, which take a lock for a few
-list operations; torch runs on the scheduler thread alone. Events travel back through
-`loop.call_soon_threadsafe` into one asyncio.Queue per request, one wake-up per loop per step.
+Threads: consumers only call `submit()` and `RequestHandle.cancel()`, which take a lock for a few list
+operations; the model runs on the scheduler thread alone, for the async API (`astream`) and the sync one
+(`stream`, `generate`) alike. Events travel back to a coroutine through `loop.call_soon_threadsafe` into
+one asyncio.Queue per request (one wake-up per loop per step), and to a waiting thread through a
+thread-safe queue.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import atexit
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -32,35 +36,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.batching_policy import ForwardCost, next_batch
+from engine.errors import EngineOverloaded, EngineShutdown
 from engine.sampler import DenoisingRequest, StepEvent
 from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
-# Padding policy (see `ForwardCost` and `length_groups`): until the cost of a forward has been measured,
-# merging a length group saves a forward only if the forward's fixed cost exceeds this many padded tokens.
-PRIOR_OVERHEAD_TOKENS = 256.0
-
-
-class EngineOverloaded(RuntimeError):
-    """The waiting queue is full: the caller should retry later (HTTP 429)."""
-
-    def __init__(self, running: int, waiting: int, max_batch_size: int, max_waiting: int):
-        super().__init__(
-            f"the engine is at capacity ({running} requests running, {waiting} waiting; "
-            f"max_batch_size={max_batch_size}, max_waiting={max_waiting}); retry later"
-        )
-        self.running = running
-        self.waiting = waiting
-
-
-class EngineShutdown(RuntimeError):
-    """The engine was shut down before the request could finish."""
-
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """How the scheduler batches. Defaults per DESIGN §6; env vars in `from_env`.
+    """How the scheduler batches. Defaults in docs/design.md ("HTTP fine print"); env vars in `from_env`.
 
     max_batch_size: active requests at most (they share each forward).
     max_waiting: accepted requests beyond those, queued for a slot; one more raises EngineOverloaded.
@@ -129,12 +115,28 @@ _Item = StepEvent | BaseException
 
 
 class RequestHandle:
-    """One submitted request as both threads see it: the consumer reads `events`, the scheduler steps it."""
+    """One submitted request as both threads see it: the consumer reads its events, the scheduler steps it.
 
-    def __init__(self, request: DenoisingRequest, loop: asyncio.AbstractEventLoop, scheduler: Scheduler, order: int):
+    The consumer is a coroutine on `loop` (the async API) or, with `loop` None, a thread that blocks
+    until the next event (the sync API). Either way it gets StepEvents, then the exception that ended
+    the request, if one did. A consumer that wants only the result (`every_event` False) gets the last
+    event alone: it is woken once per request instead of once per step.
+    """
+
+    def __init__(
+        self,
+        request: DenoisingRequest,
+        loop: asyncio.AbstractEventLoop | None,
+        scheduler: Scheduler,
+        order: int,
+        every_event: bool = True,
+    ):
         self.request = request
         self.loop = loop
-        self.events: asyncio.Queue[_Item] = asyncio.Queue()  # StepEvents, or the exception that ended it
+        self.every_event = every_event
+        self._events: asyncio.Queue[_Item] | queue.SimpleQueue[_Item] = (
+            asyncio.Queue() if loop is not None else queue.SimpleQueue()
+        )
         self.submitted_at = time.monotonic()
         self.order = order  # submission order: FIFO admission and a deterministic tie-break
         self.last_stepped = -1  # scheduler iteration of this request's last step (-1: never stepped)
@@ -144,8 +146,8 @@ class RequestHandle:
 
     @property
     def step_width(self) -> int:
-        """Positions its next forward computes: the whole canvas (prompt included), or with a KV cache after
-        a block's first step, only the block (dual) or the block and what follows it (prefix)."""
+        """Positions its next forward computes: the whole row (prompt + canvas), or with a KV cache after a
+        block's first step, only the block (dual) or the block and what follows it (prefix)."""
         start, end = self.request.forward_span()
         return end - start
 
@@ -163,90 +165,25 @@ class RequestHandle:
             self.cancelled = True
             self._scheduler.wake()
 
+    async def next_event(self) -> StepEvent:
+        """The next event, for a consumer on `loop`; raises the exception that ended the request."""
+        assert isinstance(self._events, asyncio.Queue)
+        return _event_or_raise(await self._events.get())
 
-class ForwardCost:
-    """Seconds per forward ≈ overhead + per_token × (rows × width), fitted online over recent forwards.
+    def wait_event(self) -> StepEvent:
+        """The next event, for a consumer thread (blocks); raises the exception that ended the request."""
+        assert isinstance(self._events, queue.SimpleQueue)
+        return _event_or_raise(self._events.get())
 
-    Padding is the one cost a shared forward adds: every row is computed at the batch's widest step width.
-    Splitting the batch saves that padding but pays the forward's fixed cost (kernel launches, weight
-    reads, Python) once more. Which wins depends on the device and the model by orders of magnitude (a
-    small model on a CPU is compute-bound from batch 1; an LLM on a GPU is bound by weight reads until
-    thousands of tokens), so the ratio, `overhead_tokens`, is measured rather than configured: a
-    least-squares line through recent (tokens, seconds) pairs, with exponential forgetting.
-    """
-
-    DECAY = 0.98  # weight of the previous observations at each new one: the fit follows ~50 forwards
-    MIN_WEIGHT = 8.0  # observations (decayed) before the fit is trusted
-    MIN_SPREAD = 0.1  # std of the token counts, relative to their mean, needed to separate the two terms
-    OUTLIER_FACTOR = 2.0  # a forward slower than this × the prediction (a GC pause, a compile) counts as this
-
-    def __init__(self, prior_overhead_tokens: float = PRIOR_OVERHEAD_TOKENS):
-        self.overhead_tokens = prior_overhead_tokens
-        self._sums = [0.0] * 5  # Σw, Σw·x, Σw·y, Σw·x², Σw·x·y
-        self._line: tuple[float, float] | None = None  # (intercept s, slope s/token) once fitted
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        if self._line is not None:
-            seconds = min(seconds, self.OUTLIER_FACTOR * (self._line[0] + self._line[1] * tokens))
-        self._sums = [total * self.DECAY for total in self._sums]
-        for i, value in enumerate((1.0, tokens, seconds, tokens * tokens, tokens * seconds)):
-            self._sums[i] += value
-        w, sx, sy, sxx, sxy = self._sums
-        mean_x, mean_y = sx / w, sy / w
-        variance = sxx / w - mean_x * mean_x
-        if w < self.MIN_WEIGHT or variance <= (self.MIN_SPREAD * mean_x) ** 2:
-            return  # every recent forward had about the same size: the two terms cannot be told apart
-        slope = (sxy / w - mean_x * mean_y) / variance
-        if slope <= 0:
-            return  # noise: more tokens cannot be cheaper
-        intercept = max(mean_y - slope * mean_x, 0.0)
-        self._line = (intercept, slope)
-        self.overhead_tokens = intercept / slope
+    def put(self, item: _Item) -> None:
+        """Called on the consumer's loop (async) or on the scheduler thread (a consumer thread)."""
+        self._events.put_nowait(item)
 
 
-def length_groups(active: list[RequestHandle], overhead_tokens: float) -> list[list[RequestHandle]]:
-    """Split the active set into the groups that share a forward, at the least estimated cost per round.
-
-    A `force_single_batch` request is a group of its own (bit-reproducible output whatever the load).
-    The others, sorted by step width (what each computes in its next forward), are cut into contiguous
-    groups minimising Σ_groups (overhead_tokens + rows × widest step): the cost, in tokens, of one round in
-    which every request steps once. Minimising it maximises throughput and minimises every request's time
-    per step alike; requests running block-sized cached steps, for one, are not padded up to the whole
-    canvases of others unless padding is cheaper than another forward on this device. A dynamic programme
-    over at most max_batch_size requests; ties keep groups merged.
-    """
-    singles = [[handle] for handle in active if handle.runs_alone]
-    shared = sorted((h for h in active if not h.runs_alone), key=lambda h: (h.step_width, h.order))
-    if not shared or len(shared) * (shared[-1].step_width - shared[0].step_width) <= overhead_tokens:
-        # All the padding together costs less than one extra forward: no split can be cheaper.
-        return singles + ([shared] if shared else [])
-    best = [0.0] + [float("inf")] * len(shared)  # best[j]: cheapest split of shared[:j]
-    cut = [0] * (len(shared) + 1)
-    for j in range(1, len(shared) + 1):
-        width = shared[j - 1].step_width
-        for i in range(j):
-            cost = best[i] + overhead_tokens + (j - i) * width
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], len(shared)
-    while j > 0:
-        groups.append(shared[cut[j] : j])
-        j = cut[j]
-    return singles + groups[::-1]
-
-
-def next_batch(active: list[RequestHandle], overhead_tokens: float) -> list[RequestHandle]:
-    """The group holding the request that has waited longest since its last step.
-
-    Usually there is one group (everyone steps every iteration). Otherwise groups take turns: a served
-    group's requests become the most recently stepped, so every other group is served before it again
-    and none starves.
-    """
-    most_starved = min(active, key=lambda h: (h.last_stepped, h.order))
-    for group in length_groups(active, overhead_tokens):
-        if any(h is most_starved for h in group):
-            return sorted(group, key=lambda h: h.order)
-    raise AssertionError("every active request belongs to a group")
+def _event_or_raise(item: _Item) -> StepEvent:
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 # Schedulers whose thread may still run. At interpreter exit they are stopped before finalisation starts:
@@ -262,7 +199,7 @@ def _stop_live_schedulers() -> None:
 
 def _put_all(items: list[tuple[RequestHandle, _Item]]) -> None:
     for handle, item in items:
-        handle.events.put_nowait(item)
+        handle.put(item)
 
 
 class Scheduler:
@@ -298,15 +235,21 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._stopping
 
-    def submit(self, request: DenoisingRequest, loop: asyncio.AbstractEventLoop) -> RequestHandle:
-        """Queue a validated request; its events will be put on `loop`. Raises EngineOverloaded when full."""
+    def submit(
+        self, request: DenoisingRequest, loop: asyncio.AbstractEventLoop | None = None, every_event: bool = True
+    ) -> RequestHandle:
+        """Queue a validated request; its events go to a coroutine on `loop`, or (None) to a waiting thread,
+        all of them or (every_event False) only the last.
+
+        Raises EngineOverloaded when the queue is full, EngineShutdown once the scheduler is stopping.
+        """
         with self._cond:
             if self._stopping or not self._thread.is_alive():
                 raise EngineShutdown("the engine is shutting down and accepts no new requests")
             waiting, capacity = len(self._waiting), self.config.max_batch_size + self.config.max_waiting
             if self._running + waiting >= capacity:
                 raise EngineOverloaded(self._running, waiting, self.config.max_batch_size, self.config.max_waiting)
-            handle = RequestHandle(request, loop, self, next(self._order))
+            handle = RequestHandle(request, loop, self, next(self._order), every_event)
             self._waiting.append(handle)
             self.stats.request_accepted()
             self._publish_sizes()
@@ -360,18 +303,22 @@ class Scheduler:
                 return False
             if not self._active and self.config.max_wait_ms > 0:
                 self._gather_burst()
+            changed = False
             if any(h.cancelled for h in self._waiting):  # a cancelled waiter frees its queue place now
                 for handle in [h for h in self._waiting if h.cancelled]:
                     self._waiting.remove(handle)
                     self._retire_cancelled(handle)
+                changed = True
             while (
                 self._waiting and len(self._active) < self.config.max_batch_size and self._cache_fits(self._waiting[0])
             ):
                 handle = self._waiting.popleft()
                 self._active.append(handle)
                 self._kv_cache_reserved += handle.kv_cache_bytes
-            self._running = len(self._active)
-            self._publish_sizes()
+                changed = True
+            if changed:  # otherwise the sizes are those published last
+                self._running = len(self._active)
+                self._publish_sizes()
             return True
 
     def _cache_fits(self, handle: RequestHandle) -> bool:
@@ -422,8 +369,10 @@ class Scheduler:
         for handle, result in zip(batch, results, strict=True):
             if handle.cancelled:
                 continue  # dropped (and counted as cancelled) at the next iteration
-            outbox.append((handle, result))
-            if isinstance(result, Exception) or result.finished:
+            last = isinstance(result, Exception) or result.finished
+            if last or handle.every_event:
+                outbox.append((handle, result))
+            if last:
                 handle.done = True
                 retired.append(handle)
                 if isinstance(result, StepEvent):
@@ -453,10 +402,14 @@ class Scheduler:
         )
 
     def _deliver(self, outbox: list[tuple[RequestHandle, _Item]]) -> None:
-        """One call_soon_threadsafe per event loop per step, however many requests it serves."""
+        """One call_soon_threadsafe per event loop per step, however many requests it serves; a consumer
+        thread's queue is filled directly (it is thread-safe)."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, _Item]]] = {}
         for handle, item in outbox:
-            by_loop.setdefault(handle.loop, []).append((handle, item))
+            if handle.loop is None:
+                handle.put(item)
+            else:
+                by_loop.setdefault(handle.loop, []).append((handle, item))
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)

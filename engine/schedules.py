@@ -1,4 +1,4 @@
-"""Block schedules: how many of a block's n masked tokens each of its S steps commits (DESIGN §4).
+"""Block schedules: how many of a block's n masked tokens each of its S steps commits (docs/design.md, "Sampler").
 
 Every schedule sums to n. `uniform` is LLaDA's reference schedule. `front_loaded` and `cosine` spend the
 E = n − S spare tokens by a weight per step and round with the largest-remainder rule (ties go to the

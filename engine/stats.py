@@ -49,7 +49,7 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-# name → (type, help). The names are part of the HTTP contract (DESIGN §6); do not rename.
+# name → (type, help). The names are part of the HTTP contract (docs/design.md, "HTTP fine print"); do not rename.
 METRICS = {
     "dllm_requests_running": ("gauge", "Requests admitted to the scheduler and being denoised."),
     "dllm_requests_waiting": ("gauge", "Requests accepted but not yet admitted (waiting for a batch slot)."),

@@ -1,4 +1,7 @@
-"""`POST /v1/chat/completions`: the request, the response and the stream chunks (ADR 005).
+"""`POST /v1/chat/completions`: the request, the response and the stream chunks.
+
+ADR 005 (docs/adr/005-openai-compatible-api.md) specifies them; docs/design.md ("HTTP contract") adds
+the fine print.
 
 The request model is the whole input spec: strict JSON types, unknown fields forbidden, the OpenAI
 fields ADR 005 rejects refused with a reason, and the cross-field rules of the extension fields. Rules
@@ -8,7 +11,7 @@ are the engine's (`engine.SamplingParams`), so the offline API and HTTP reject t
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,7 +24,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError, from_json
 
-from schemas.errors import ADR, APIError, error_from_validation
+from schemas.errors import ADR, ADR_CITATION, APIError, error_from_validation
+
+if TYPE_CHECKING:  # for type checkers only: importing the engine would load torch
+    from engine.params import SamplingParams
 
 # Mirrors of engine.params (schemas never imports the engine: it would pull in torch), for /docs and the
 # schema's range checks; tests keep them equal. Omitted fields always take the engine's own defaults.
@@ -64,7 +70,7 @@ def _is_neutral(value: Any, neutral: Any) -> bool:
 
 
 def adr_rejection_message(field: str) -> str:
-    return f"{field} is not supported by diffusion sampling ({ADR}): {ADR_REJECTED_FIELDS[field][1]}."
+    return f"{field} is not supported by diffusion sampling ({ADR_CITATION}): {ADR_REJECTED_FIELDS[field][1]}."
 
 
 def _adr_field(description: str) -> Any:
@@ -126,7 +132,8 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """OpenAI Chat Completions with the deviations and diffusion extension fields of ADR 005.
+    """OpenAI Chat Completions with the deviations and diffusion extension fields of ADR 005
+    (docs/adr/005-openai-compatible-api.md).
 
     Unknown fields are rejected (400 `unknown_parameter`), never ignored. Types are strict: a JSON
     integer is a valid number, but a string is never a number and a float is never an integer.
@@ -290,12 +297,13 @@ class ChatCompletionRequest(BaseModel):
         strings = [value] if isinstance(value, str) else value
         if value is None or (
             isinstance(strings, list)
-            and 1 <= len(strings) <= MAX_STOP_STRINGS
+            and len(strings) <= MAX_STOP_STRINGS  # [] means no stop strings, as in the engine
             and all(isinstance(s, str) and s for s in strings)
         ):
             return value
         raise PydanticCustomError(
-            "invalid_value", f"stop must be a non-empty string or a list of 1 to {MAX_STOP_STRINGS} non-empty strings."
+            "invalid_value",
+            f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings.",
         )
 
     @model_validator(mode="after")
@@ -323,8 +331,8 @@ class ChatCompletionRequest(BaseModel):
         if self.attention_backend == "fa2":
             raise invalid(
                 "attention_backend",
-                f'attention_backend "fa2" is deferred ({ADR}) until a FlashAttention-2 build for SM 12.0 is in CI; '
-                'use "sdpa" (the default).',
+                f'attention_backend "fa2" is deferred ({ADR_CITATION}) until a FlashAttention-2 build for SM 12.0 '
+                'is in CI; use "sdpa" (the default).',
             )
         if not self.use_local_leap:
             for name in ("local_leap_anchor_threshold", "local_leap_neighbor_threshold", "local_leap_radius"):
@@ -431,8 +439,8 @@ class ResolvedDiffusion(BaseModel):
     num_forward_passes: int = Field(description="Model forward passes spent (early exit and LocalLeap lower it).")
 
     @classmethod
-    def of(cls, params: Any, num_forward_passes: int) -> ResolvedDiffusion:
-        """From an `engine.SamplingParams` (duck-typed: schemas never imports the engine)."""
+    def of(cls, params: SamplingParams, num_forward_passes: int) -> ResolvedDiffusion:
+        """From the engine's resolved `SamplingParams`."""
         fields = {name: getattr(params, name) for name in cls.model_fields if hasattr(params, name) and name != "stop"}
         return cls(**fields, stop=list(params.stop), num_forward_passes=num_forward_passes)
 

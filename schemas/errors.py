@@ -1,16 +1,23 @@
 """The OpenAI error envelope and every error the HTTP API returns, built in one place.
 
-`APIError` is raised anywhere in request handling; the service turns it into
+`APIError` is raised anywhere in request handling; the HTTP layer (api/errors.py) turns it into
 `{"error": {"message", "type", "param", "code"}}` with its HTTP status and headers. The constructors
-below fix the (status, type, code) triples so that no route invents its own.
+below fix the (status, type, code) triples of every error the server sends, so that no route or
+middleware invents its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, Field, ValidationError
 
 INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+# The decision record behind every deviation from OpenAI; error messages cite it with its path in the repo.
 ADR = "ADR 005"
+ADR_DOC = "docs/adr/005-openai-compatible-api.md"
+ADR_CITATION = f"{ADR}, {ADR_DOC}"
 
 
 class ErrorDetail(BaseModel):
@@ -19,7 +26,7 @@ class ErrorDetail(BaseModel):
     param: str | None = Field(None, description="The request field (or header) at fault, when there is one.")
     code: str | None = Field(
         None,
-        description="`unsupported_parameter` (rejected by ADR 005), `unknown_parameter`, `invalid_value`, "
+        description=f"`unsupported_parameter` (rejected by {ADR}), `unknown_parameter`, `invalid_value`, "
         "`invalid_json`, `missing_required_parameter`, `invalid_api_key`, `rate_limit_exceeded`, ...",
     )
 
@@ -39,7 +46,7 @@ class APIError(Exception):
         type: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -52,11 +59,11 @@ class APIError(Exception):
     # --- 400s -------------------------------------------------------------------------------------
 
     @classmethod
-    def unsupported_parameter(cls, param: str, message: str) -> APIError:
+    def unsupported_parameter(cls, param: str | None, message: str) -> APIError:
         return cls(400, message, param=param, code="unsupported_parameter")
 
     @classmethod
-    def unknown_parameter(cls, param: str) -> APIError:
+    def unknown_parameter(cls, param: str | None) -> APIError:
         return cls(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
 
     @classmethod
@@ -64,7 +71,7 @@ class APIError(Exception):
         return cls(400, message, param=param, code="invalid_value", headers=headers)
 
     @classmethod
-    def missing_parameter(cls, param: str) -> APIError:
+    def missing_parameter(cls, param: str | None) -> APIError:
         return cls(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
 
     @classmethod
@@ -123,17 +130,25 @@ class APIError(Exception):
         return cls(
             503,
             "The model is still loading; retry shortly.",
-            type="server_error",
+            type=SERVER_ERROR,
             code="model_not_ready",
             headers={"Retry-After": "5"},
         )
+
+    @classmethod
+    def shutting_down(cls) -> APIError:
+        return cls(503, "The server is shutting down.", type=SERVER_ERROR, code="shutting_down")
+
+    @classmethod
+    def timeout(cls, seconds: float) -> APIError:
+        return cls(504, f"No response within {seconds:g} s.", type=SERVER_ERROR, code="timeout")
 
     @classmethod
     def internal(cls, request_id: str) -> APIError:
         return cls(
             500,
             f"The server failed while processing the request (request id {request_id}); the failure is logged.",
-            type="server_error",
+            type=SERVER_ERROR,
             code="internal_error",
         )
 

@@ -13,7 +13,8 @@ CHAT_REQUEST_REF = "#/components/schemas/ChatCompletionRequest"
 CHAT_CHUNK_REF = "#/components/schemas/ChatCompletionChunk"
 
 API_DESCRIPTION = """
-An OpenAI Chat Completions–compatible API for **diffusion language models** (LLaDA, Dream, DiffuCoder), following ADR 005.
+An OpenAI Chat Completions–compatible API for **diffusion language models** (LLaDA, Dream, DiffuCoder), following ADR 005
+(`docs/adr/005-openai-compatible-api.md` in the dllm-serve repository: what is kept, changed, added and refused, and why).
 
 **Diffusion vs OpenAI semantics** (full table in the README and docs/api.md):
 

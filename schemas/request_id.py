@@ -1,4 +1,5 @@
-"""Request ids: `X-Request-ID` is honoured when valid, otherwise a UUIDv7 is generated (ADR 005).
+"""Request ids: `X-Request-ID` is honoured when valid, otherwise a UUIDv7 is generated (ADR 005,
+docs/adr/005-openai-compatible-api.md).
 
 UUIDv7 (RFC 9562) starts with a 48-bit Unix millisecond timestamp, so ids sort by arrival time in logs.
 Python's `uuid` module gains `uuid7()` only in 3.14; this is the RFC's layout with random bits after the

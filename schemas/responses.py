@@ -1,15 +1,14 @@
 """Responses and server-sent-event chunks built from the engine's results.
 
-The engine's `GenerationResult` and `StepEvent` are read by attribute (schemas never imports the
-engine): `text`, `finish_reason`, `prompt_tokens`, `completion_tokens`, `num_forward_passes`, `params`;
-`step`, `block`, `committed`, `text_delta`, `masked_remaining`.
+Typed against the engine's `GenerationResult` and `StepEvent`, imported for type checkers only:
+importing the engine at run time would load torch, which schemas never does.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -27,6 +26,9 @@ from schemas.chat import (
 )
 from schemas.errors import APIError
 
+if TYPE_CHECKING:
+    from engine.sampler import GenerationResult, StepEvent
+
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -34,7 +36,7 @@ def completion_id(request_id: str) -> str:
     return f"chatcmpl-{request_id}"
 
 
-def usage_of(result: Any) -> Usage:
+def usage_of(result: GenerationResult) -> Usage:
     return Usage(
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
@@ -42,7 +44,7 @@ def usage_of(result: Any) -> Usage:
     )
 
 
-def chat_completion(request_id: str, created: int, model: str, result: Any) -> ChatCompletion:
+def chat_completion(request_id: str, created: int, model: str, result: GenerationResult) -> ChatCompletion:
     return ChatCompletion(
         id=completion_id(request_id),
         created=created,
@@ -78,7 +80,7 @@ class ChunkBuilder:
     def role(self) -> str:
         return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))]))
 
-    def step(self, event: Any) -> str:
+    def step(self, event: StepEvent) -> str:
         diffusion = StepDiffusion(
             step=event.step,
             block=event.block,
@@ -90,7 +92,7 @@ class ChunkBuilder:
         )
         return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(content=event.text_delta))], diffusion=diffusion))
 
-    def finish(self, result: Any) -> str:
+    def finish(self, result: GenerationResult) -> str:
         return sse_event(
             self._chunk(
                 [ChunkChoice(delta=ChunkDelta(), finish_reason=result.finish_reason)],
@@ -98,7 +100,7 @@ class ChunkBuilder:
             )
         )
 
-    def usage(self, result: Any) -> str:
+    def usage(self, result: GenerationResult) -> str:
         return sse_event(self._chunk([], usage=usage_of(result)))
 
     @staticmethod

@@ -1,5 +1,10 @@
 """Shared fixtures. Nothing here loads a model unless a test asks for the fixture.
 
+`fixture_engine` and `dream_engine`: one engine on each fixture checkpoint (tests/fixtures/llada-tiny,
+tests/fixtures/dream-tiny) for the whole session.
+Tests that change an engine's behaviour (its scheduler configuration, a wrapped `step`) build their own
+`DiffusionEngine` around its model and tokenizer instead of patching this one.
+
 Servers: `service_client` runs the BentoML service in-process (one per test session: BentoML's
 `Service.to_asgi()` can be called only once per process); `bentoml_server` starts a real
 `bentoml serve` in a subprocess and always stops it. Both serve `DLLM_MODEL` from the environment,
@@ -15,12 +20,30 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR, REPO_ROOT
+
 SERVER_START_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def fixture_engine():
+    from engine import DiffusionEngine
+
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def dream_engine():
+    from engine import DiffusionEngine
+
+    engine = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
+    yield engine
+    engine.shutdown()
 
 
 @pytest.fixture(scope="session")

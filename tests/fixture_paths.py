@@ -1,13 +1,14 @@
-"""Paths of the checkpoints the tests run on (all inside the repository: no downloads)."""
+"""Paths the tests use (all inside the repository: no downloads)."""
 
 import json
 from functools import cache
 from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
 FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada-tiny"
 DREAM_FIXTURE_DIR = TESTS_DIR / "fixtures" / "dream-tiny"
-EMBEDDED_MODEL_DIR = TESTS_DIR.parent / "models" / "tiny-llada-chat"
+EMBEDDED_MODEL_DIR = REPO_ROOT / "models" / "tiny-llada-chat"
 FAST_DLLM_DIR = TESTS_DIR / "fixtures" / "fast-dllm"
 
 

@@ -3,22 +3,14 @@ its own sampler defaults reported in `diffusion`, the new request values, and st
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from engine import DiffusionEngine, SamplingParams
-from tests.fixture_paths import DREAM_FIXTURE_DIR, dream_reference
+from engine import SamplingParams
+from tests.fixture_paths import dream_reference
+from tests.sse import sse_events
 
 URL = "/v1/chat/completions"
 MESSAGES = dream_reference()["prompts"][0]["messages"]
-
-
-@pytest.fixture(scope="module")
-def dream_engine():
-    engine = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
-    yield engine
-    engine.shutdown()
 
 
 @pytest.fixture
@@ -26,10 +18,6 @@ def dream_client(service_client, service_instance, dream_engine, monkeypatch):
     """The service's client, with the service serving the Dream engine for this test."""
     monkeypatch.setattr(service_instance, "engine", dream_engine)
     return service_client
-
-
-def sse_payloads(text: str) -> list:
-    return [json.loads(block[6:]) for block in text.split("\n\n") if block.startswith("data: {")]
 
 
 def test_dream_completion_reports_dream_defaults_and_matches_the_engine(dream_client, dream_engine):
@@ -48,7 +36,8 @@ def test_dream_completion_reports_dream_defaults_and_matches_the_engine(dream_cl
 def test_dream_stream_reassembles_the_completion_with_the_margin_metric(dream_client):
     body = {"messages": MESSAGES, "max_tokens": 16, "confidence_metric": "margin", "block_schedule": "uniform"}
     whole = dream_client.post(URL, json=body).json()
-    events = sse_payloads(dream_client.post(URL, json={**body, "stream": True}).text)
+    *events, done = sse_events(dream_client.post(URL, json={**body, "stream": True}).text)
+    assert done == "[DONE]"
     steps = [e for e in events if "step" in e.get("diffusion", {})]
     assert "".join(e["choices"][0]["delta"]["content"] for e in steps) == whole["choices"][0]["message"]["content"]
     (finish,) = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]

@@ -14,7 +14,7 @@ import pytest
 
 from engine import DiffusionEngine, InvalidParameter, SamplingParams, SchedulerConfig
 from engine.schedules import block_quotas
-from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR, dream_reference
+from tests.fixture_paths import DREAM_FIXTURE_DIR, dream_reference
 
 METRIC_OF_ALG = {"maskgit_plus": "top1_prob", "topk_margin": "margin", "entropy": "entropy_inverse"}
 EOS, IM_END, MASK = 656, 658, 679
@@ -29,9 +29,9 @@ CASE_IDS = [f"{c['id']}-{c['alg']}-gen{c['max_new_tokens']}-steps{c['steps']}" f
 BATCHED = dream_reference()["batched_generate_cases"]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
+@pytest.fixture
+def engine(dream_engine):
+    return dream_engine
 
 
 def dream_params(case: dict, **overrides) -> SamplingParams:
@@ -152,9 +152,11 @@ def test_a_dream_request_batched_with_others_gives_the_tokens_it_gets_alone(engi
         assert request.result.step_commits == solo.step_commits
 
 
-def test_concurrent_dream_requests_through_the_scheduler_match_their_solo_runs():
+def test_concurrent_dream_requests_through_the_scheduler_match_their_solo_runs(dream_engine):
+    dream = dream_engine
     burst = SchedulerConfig(max_batch_size=8, max_wait_ms=100)  # the requests start together
-    engine = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu", scheduler_config=burst)
+    # The session's Dream model and tokenizer, with a scheduler of its own.
+    engine = DiffusionEngine(dream.model, dream.tokenizer, dream.device, dream.model_name, burst)
     try:
         alone = [engine.generate(messages=m, params=p) for m, p in mixed_requests(engine)]
 
@@ -169,9 +171,8 @@ def test_concurrent_dream_requests_through_the_scheduler_match_their_solo_runs()
     assert [r.canvas_ids for r in batched] == [r.canvas_ids for r in alone]
 
 
-def test_defaults_are_the_model_family_s_own():
-    dream = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
-    llada = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_defaults_are_the_model_family_s_own(dream_engine, fixture_engine):
+    dream, llada = dream_engine, fixture_engine
     params = SamplingParams(gen_length=8)
     for engine, expected in ((dream, ("dream", "entropy_inverse")), (llada, ("uniform", "top1_prob"))):
         result = engine.generate(prompt_token_ids=[5, 6, 7], params=params)
@@ -179,9 +180,8 @@ def test_defaults_are_the_model_family_s_own():
     assert (params.block_schedule, params.confidence_metric) == (None, None)  # the caller's object is untouched
 
 
-def test_each_family_runs_the_other_family_s_sampler():
-    dream = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
-    llada = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_each_family_runs_the_other_family_s_sampler(dream_engine, fixture_engine):
+    dream, llada = dream_engine, fixture_engine
     on_llada = llada.generate(
         prompt_token_ids=[5, 6, 7],
         params=SamplingParams(gen_length=32, num_denoising_steps=16, block_schedule="dream", early_exit=False),

@@ -23,9 +23,8 @@ from engine.config import LLaDAConfig
 from engine.dream import DreamModelLM
 from engine.loading import MODEL_CLASSES, compile_from_env, load_model
 from engine.model import LLaDAModelLM
-from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR, TESTS_DIR
+from tests.fixture_paths import FIXTURE_DIR, REPO_ROOT
 
-ROOT = TESTS_DIR.parent
 HANG_GUARD_S = 300  # turns a hang into a failure; the script takes seconds
 
 
@@ -37,7 +36,7 @@ def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
     out = tmp_path / "gpu.json"
     done = subprocess.run(
         [sys.executable, "benchmarks/gpu.py", "--tiny", "--family", family, "--json", str(out)],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
@@ -150,12 +149,12 @@ STEP_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("model_dir", [FIXTURE_DIR, DREAM_FIXTURE_DIR], ids=["llada", "dream"])
-def test_device_side_of_a_step_never_waits_for_the_device(model_dir):
+@pytest.mark.parametrize("engine_fixture", ["fixture_engine", "dream_engine"], ids=["llada", "dream"])
+def test_device_side_of_a_step_never_waits_for_the_device(engine_fixture, request):
     """Run the model and every request's proposal on the meta device, which has no data: any op that
     needs device values on the host (`.item()`, `bool(t)`, `.tolist()`, `.cpu()`, `nonzero`, boolean
     indexing) raises there. The only such op in a step must be the one packed copy of the proposals."""
-    engine = DiffusionEngine.from_pretrained(model_dir, device="cpu")
+    engine = request.getfixturevalue(engine_fixture)
     with torch.device("meta"):
         model = MODEL_CLASSES[type(engine.model.config)](engine.model.config)
     meta = torch.device("meta")

@@ -1,5 +1,5 @@
 """The HTTP contract in-process: response and stream shapes, X-Request-ID, API key, models, the error
-envelope for overload and failures, and what /docs documents (DESIGN §6)."""
+envelope for overload and failures, and what /docs documents (docs/design.md, "HTTP contract")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from engine import EngineOverloaded, GenerationResult, SamplingParams, StepEvent
+from engine import EngineOverloaded, EngineShutdown, GenerationResult, SamplingParams, StepEvent
+from tests.sse import sse_events
 
 URL = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
@@ -27,17 +28,6 @@ EXTENSION_FIELDS = [
     "kv_cache",
     "confidence_threshold",
 ]
-
-
-def sse_events(text: str) -> list:
-    """`data:` payloads of an SSE body, parsed (the final "[DONE]" stays a string)."""
-    events = []
-    for block in text.split("\n\n"):
-        if block.strip():
-            assert block.startswith("data: "), block
-            payload = block[len("data: ") :]
-            events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
 
 
 def is_uuid7(value: str) -> bool:
@@ -268,7 +258,7 @@ def test_oversized_body_is_a_413_before_it_is_parsed(service_client, monkeypatch
 
 
 def test_request_size_limit_setting(monkeypatch):
-    from service import DEFAULT_MAX_REQUEST_BYTES, max_request_bytes
+    from api.streaming import DEFAULT_MAX_REQUEST_BYTES, max_request_bytes
 
     monkeypatch.delenv("DLLM_MAX_REQUEST_BYTES", raising=False)
     assert max_request_bytes() == DEFAULT_MAX_REQUEST_BYTES == 2 * 2**20
@@ -333,16 +323,41 @@ def test_error_after_the_stream_started_is_an_error_event_then_done(service_clie
     assert events[-1] == "[DONE]"
 
 
-def test_unexpected_failure_is_an_openai_shaped_500(service_client, service_instance, monkeypatch):
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), ValueError("a bug in the engine, not bad input")])
+def test_unexpected_failure_is_a_500_with_the_request_id_and_a_logged_traceback(
+    service_client, service_instance, monkeypatch, caplog, failure
+):
+    """Only the engine's InvalidParameter blames the client: any other exception before the first event,
+    a ValueError included, is a 500 whose message carries the request id; the traceback is in the log."""
+
     async def crashes(*args, **kwargs):
-        raise RuntimeError("boom")
+        raise failure
         yield
 
     monkeypatch.setattr(service_instance.engine, "astream", crashes)
-    response = service_client.post(URL, json={"messages": MESSAGES}, headers={"X-Request-ID": "c-1"})
+    with caplog.at_level("ERROR", logger="dllm_serve"):
+        response = service_client.post(URL, json={"messages": MESSAGES}, headers={"X-Request-ID": "c-1"})
     assert response.status_code == 500
-    assert response.json()["error"]["type"] == "server_error"
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "internal_error")
+    assert "c-1" in error["message"] and str(failure) not in error["message"]
     assert response.headers["X-Request-ID"] == "c-1"
+    (logged,) = [r for r in caplog.records if r.exc_info and "c-1" in r.getMessage()]
+    assert logged.exc_info[1] is failure
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_shutting_down_is_a_503(service_client, service_instance, monkeypatch, stream):
+    async def stopping(*args, **kwargs):
+        raise EngineShutdown("the engine is shutting down and accepts no new requests")
+        yield
+
+    monkeypatch.setattr(service_instance.engine, "astream", stopping)
+    response = service_client.post(URL, json={"messages": MESSAGES, "stream": stream})
+    assert response.status_code == 503
+    assert response.json()["error"] | {"message": None} == {
+        "message": None, "type": "server_error", "param": None, "code": "shutting_down"
+    }  # fmt: skip
 
 
 def test_failure_after_the_first_step_is_a_500_not_a_400(service_client, service_instance, monkeypatch):
@@ -446,10 +461,29 @@ def test_finished_requests_leave_no_timer_behind(service_client):
     assert pending_timers() - before < 20  # 201 with the leak
 
 
+def test_response_start_timeout_is_installed_in_bentomls_place_or_fails_loudly(monkeypatch):
+    from bentoml._internal.server.http import traffic
+
+    import service  # noqa: F401 - importing the service installs it
+    from api.middleware import ResponseStartTimeout, install_response_start_timeout
+
+    assert traffic.TimeoutMiddleware is ResponseStartTimeout
+
+    class Reshaped:  # what a BentoML release that changed the internal might ship
+        def __init__(self, app, *, deadline): ...
+
+    monkeypatch.setattr(traffic, "TimeoutMiddleware", Reshaped)
+    with pytest.raises(RuntimeError, match="ResponseStartTimeout cannot replace it"):
+        install_response_start_timeout()
+    monkeypatch.delattr(traffic, "TimeoutMiddleware")
+    with pytest.raises(RuntimeError, match="ResponseStartTimeout cannot replace it"):
+        install_response_start_timeout()
+
+
 def test_response_start_timeout_answers_504_only_when_nothing_started():
     import anyio
 
-    from service import ResponseStartTimeout
+    from api.middleware import ResponseStartTimeout
 
     async def silent(scope, receive, send):
         await anyio.sleep(60)

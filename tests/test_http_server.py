@@ -12,6 +12,8 @@ import httpx
 import openai
 import pytest
 
+from tests.sse import sse_events
+
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
 METRIC_NAMES = [
     "dllm_requests_running",
@@ -40,15 +42,6 @@ def sdk(bentoml_server):
     return openai.OpenAI(base_url=f"{bentoml_server}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def sse_data(lines) -> list:
-    events = []
-    for line in lines:
-        if line.startswith("data: "):
-            payload = line[len("data: ") :]
-            events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
 def metrics(http) -> dict[str, float]:
     values = {}
     for line in http.get("/metrics").text.splitlines():
@@ -73,7 +66,7 @@ def test_non_stream_and_stream_agree_and_echo_the_request_id(http):
         assert response.status_code == 200
         assert response.headers["X-Request-ID"] == "e2e-2"
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = sse_data(response.iter_lines())
+        events = sse_events(response.read().decode())
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["id"] == "chatcmpl-e2e-2" for c in chunks)
@@ -104,7 +97,7 @@ def test_concurrent_requests_are_served_together(http, bentoml_server):
         body = {"messages": [{"role": "user", "content": prompts[i % len(prompts)]}], "max_tokens": 16}
         if i % 2:
             with httpx.stream("POST", f"{bentoml_server}/v1/chat/completions", json={**body, "stream": True}) as r:
-                events = sse_data(r.iter_lines())
+                events = sse_events(r.read().decode())
             return r.status_code, events[-1]
         r = httpx.post(f"{bentoml_server}/v1/chat/completions", json=body, timeout=120)
         return r.status_code, r.json()["object"]

@@ -1,5 +1,6 @@
-"""The request rules of ADR 005 and DESIGN §6, in-process: every rejection, every extension field bound,
-strict typing, messages, malformed JSON. Valid requests use tiny canvases so the engine work is negligible."""
+"""The request rules of ADR 005 and of docs/design.md ("HTTP contract"), in-process: every rejection, every
+extension field bound, strict typing, messages, malformed JSON. Valid requests use tiny canvases so the
+engine work is negligible."""
 
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def test_adr_rejected_field_is_a_400_citing_the_adr(service_client, field, value
 
 def test_adr_rejection_explains_why(service_client):
     message = chat(service_client, top_p=0.9).json()["error"]["message"]
-    assert message.startswith("top_p is not supported by diffusion sampling (ADR 005): ")
+    assert message.startswith(
+        "top_p is not supported by diffusion sampling (ADR 005, docs/adr/005-openai-compatible-api.md): "
+    )
     assert "temperature" in message
     assert "function calling" in chat(service_client, tools=[]).json()["error"]["message"]
 
@@ -183,7 +186,6 @@ OUT_OF_RANGE = [
     ({"max_tokens": 4, "target_length": 8}, "target_length"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": ""}, "stop"),
-    ({"stop": []}, "stop"),
     ({"stop": ["a", ""]}, "stop"),
     ({"stop": 3}, "stop"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream: true
@@ -238,6 +240,7 @@ VALID_BOUNDS = [
     {"kv_cache": "prefix", "max_tokens": 8, "block_length": 4, "num_denoising_steps": 4},
     {"kv_cache": "dual", "max_tokens": 8, "block_length": 2, "confidence_threshold": 1},
     {"kv_cache": "dual", "confidence_threshold": 1e-9, "block_schedule": "uniform"},
+    {"stop": []},  # no stop strings, as `SamplingParams(stop=[])` means
 ]
 
 

@@ -13,7 +13,7 @@ import torch
 
 from engine import DiffusionEngine, InvalidParameter, SamplingParams
 from engine.sampler import DenoisingRequest
-from tests.fixture_paths import FIXTURE_DIR, fast_dllm_reference
+from tests.fixture_paths import fast_dllm_reference
 
 MODE_OF_FUNCTION = {"generate": "none", "generate_with_prefix_cache": "prefix", "generate_with_dual_cache": "dual"}
 # Fast-dLLM's dynamic `factor` rule is out of scope; its dual loop's step cap (which leaves mask tokens in the
@@ -22,9 +22,9 @@ NOT_IMPLEMENTED = {"factor", "dual_step_cap"}
 CASES = [case for case in fast_dllm_reference()["cases"] if case["tag"] not in NOT_IMPLEMENTED]
 
 
-@pytest.fixture(scope="module")
-def engine() -> DiffusionEngine:
-    return DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+@pytest.fixture
+def engine(fixture_engine) -> DiffusionEngine:
+    return fixture_engine
 
 
 def params_of(case: dict, **overrides) -> SamplingParams:

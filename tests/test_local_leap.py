@@ -4,9 +4,8 @@ import random
 
 import torch
 
-from engine import DiffusionEngine, SamplingParams
+from engine import SamplingParams
 from engine.sampler import local_leap_mask
-from tests.fixture_paths import FIXTURE_DIR
 
 
 def local_leap_loop(confidence, positions, anchor, neighbor, radius):
@@ -33,9 +32,8 @@ def test_vectorized_rule_agrees_with_the_loop_on_random_confidences():
         assert got == local_leap_loop(confidence, positions, anchor, neighbor, radius)
 
 
-def test_one_token_per_step_plus_local_leap_is_the_paper_rule(monkeypatch):
+def test_one_token_per_step_plus_local_leap_is_the_paper_rule(fixture_engine, monkeypatch):
     """With S = block_length the quota is one token (the most confident) and LocalLeap adds the rest."""
-    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
     params = SamplingParams(
         gen_length=16,
         num_denoising_steps=16,
@@ -45,7 +43,7 @@ def test_one_token_per_step_plus_local_leap_is_the_paper_rule(monkeypatch):
         local_leap_radius=2,
         early_exit=False,
     )
-    request = engine.new_request(messages=[{"role": "user", "content": "Tell me a story."}], params=params)
+    request = fixture_engine.new_request(messages=[{"role": "user", "content": "Tell me a story."}], params=params)
     steps = 0
     while not request.finished:
         offsets = request.candidate_offsets()
@@ -56,7 +54,7 @@ def test_one_token_per_step_plus_local_leap_is_the_paper_rule(monkeypatch):
             return local_leap_mask(confidence, positions, *args)
 
         monkeypatch.setattr("engine.sampler.local_leap_mask", spy)
-        (event,) = engine.step([request])
+        (event,) = fixture_engine.step([request])
         committed = sorted(pos for pos, _ in event.committed)
         expected = local_leap_loop(seen["c"], seen["p"], 0.3, 0.1, 2)
         best = max(range(len(seen["c"])), key=lambda i: (seen["c"][i], -i))
@@ -66,8 +64,7 @@ def test_one_token_per_step_plus_local_leap_is_the_paper_rule(monkeypatch):
     assert steps < 16  # the thresholds are low enough that LocalLeap committed several tokens at once
 
 
-def test_local_leap_never_commits_outside_the_current_block():
-    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_local_leap_never_commits_outside_the_current_block(fixture_engine):
     params = SamplingParams(
         gen_length=32,
         block_length=8,
@@ -78,7 +75,7 @@ def test_local_leap_never_commits_outside_the_current_block():
         local_leap_radius=16,
         early_exit=False,
     )
-    events = list(engine.stream(messages=[{"role": "user", "content": "Hello"}], params=params))
+    events = list(fixture_engine.stream(messages=[{"role": "user", "content": "Hello"}], params=params))
     assert len(events) == 4  # every candidate is an anchor: each block fills in one step
     for event in events:
         assert {pos // 8 for pos, _ in event.committed} == {event.block}

@@ -3,22 +3,16 @@
 import pytest
 import torch
 
-from engine import DiffusionEngine, SamplingParams
+from engine import SamplingParams
 from engine.sampler import confidence_of
 from engine.schedules import block_quotas
-from tests.fixture_paths import FIXTURE_DIR
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    return DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
-
-
 @pytest.mark.parametrize("schedule", ["uniform", "front_loaded", "cosine"])
 @pytest.mark.parametrize("metric", ["top1_prob", "entropy_inverse"])
-def test_each_step_commits_its_scheduled_quota(engine, schedule, metric):
+def test_each_step_commits_its_scheduled_quota(fixture_engine, schedule, metric):
     params = SamplingParams(
         gen_length=32,
         block_length=16,
@@ -27,7 +21,7 @@ def test_each_step_commits_its_scheduled_quota(engine, schedule, metric):
         confidence_metric=metric,
         early_exit=False,
     )
-    events = list(engine.stream(messages=MESSAGES, params=params))
+    events = list(fixture_engine.stream(messages=MESSAGES, params=params))
     expected = block_quotas(schedule, 16, 4) * 2
     assert [len(e.committed) for e in events] == expected
     assert [e.block for e in events] == [0] * 4 + [1] * 4
@@ -44,9 +38,9 @@ def test_confidence_metrics():
     assert bool(((inverse_entropy > 0) & (inverse_entropy <= 1)).all())
 
 
-def test_metrics_can_rank_differently(engine):
+def test_metrics_can_rank_differently(fixture_engine):
     outputs = {
-        metric: engine.generate(
+        metric: fixture_engine.generate(
             messages=MESSAGES, params=SamplingParams(gen_length=32, confidence_metric=metric, early_exit=False)
         ).step_commits
         for metric in ("top1_prob", "entropy_inverse")
@@ -60,15 +54,15 @@ POEM = [
 ]
 
 
-def test_stop_string_cuts_and_ends_early(engine):
+def test_stop_string_cuts_and_ends_early(fixture_engine):
     params = dict(gen_length=32, block_length=8, num_denoising_steps=16, early_exit=False)
-    full = engine.generate(messages=POEM, params=SamplingParams(**params))
+    full = fixture_engine.generate(messages=POEM, params=SamplingParams(**params))
     assert full.text.startswith("> w wapherThej on")
-    stopped = engine.generate(messages=POEM, params=SamplingParams(**params, stop=("Th", "zzz")))
+    stopped = fixture_engine.generate(messages=POEM, params=SamplingParams(**params, stop=("Th", "zzz")))
     assert stopped.text == "> w wapher"
     assert stopped.finish_reason == "stop"
-    assert engine.tokenizer.decode(stopped.token_ids) == stopped.text
+    assert fixture_engine.tokenizer.decode(stopped.token_ids) == stopped.text
     assert stopped.completion_tokens < full.completion_tokens
     assert stopped.num_forward_passes < full.num_forward_passes  # ended once "Th" was final
-    events = list(engine.stream(messages=POEM, params=SamplingParams(**params, stop=("Th",))))
+    events = list(fixture_engine.stream(messages=POEM, params=SamplingParams(**params, stop=("Th",))))
     assert "".join(e.text_delta for e in events) == stopped.text

@@ -1,4 +1,5 @@
-"""The batching scheduler and the async API (engine/scheduler.py, DiffusionEngine.astream/agenerate).
+"""The batching scheduler and the engine's two APIs on top of it (engine/scheduler.py,
+engine/batching_policy.py; DiffusionEngine.stream/generate and astream/agenerate).
 
 Real models, no mocks of the model. Where a test needs to hold the scheduler still (overload bound,
 shutdown) or to see which requests shared a forward, it wraps `engine.step` and still calls the real one.
@@ -8,7 +9,10 @@ Time bounds (`HANG_GUARD_S`) only turn a hang into a failure; nothing asserts on
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -22,8 +26,8 @@ from engine import (
     SamplingParams,
     SchedulerConfig,
 )
+from engine.batching_policy import ForwardCost, length_groups, next_batch
 from engine.memory import default_kv_cache_budget
-from engine.scheduler import ForwardCost, length_groups, next_batch
 from tests.fixture_paths import EMBEDDED_MODEL_DIR, FIXTURE_DIR
 
 HANG_GUARD_S = 120
@@ -57,22 +61,19 @@ def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, HANG_GUARD_S))
 
 
-@pytest.fixture(scope="module")
-def fixture_engine() -> DiffusionEngine:
-    return DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
-
-
 def fresh(base: DiffusionEngine, **config) -> DiffusionEngine:
     """An engine sharing `base`'s weights and tokenizer, with its own scheduler and statistics."""
     return DiffusionEngine(base.model, base.tokenizer, base.device, base.model_name, SchedulerConfig(**config))
 
 
 class StepRecorder:
-    """Wraps engine.step (the real one runs): records each batch and can hold the scheduler at a gate."""
+    """Wraps engine.step (the real one runs): records each batch and the thread that ran it, and can hold
+    the scheduler at a gate."""
 
     def __init__(self, engine: DiffusionEngine, gated: bool = False):
         self.real_step = engine.step
         self.batches: list[list] = []
+        self.threads: set[threading.Thread] = set()
         self.gate = threading.Event()
         if not gated:
             self.gate.set()
@@ -82,12 +83,21 @@ class StepRecorder:
         self.entered.set()
         self.gate.wait(HANG_GUARD_S)
         self.batches.append(list(requests))
+        self.threads.add(threading.current_thread())
         return self.real_step(requests)
 
 
 async def until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.005)
+
+
+def wait_until(condition) -> None:
+    """`until` for tests without an event loop; the deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition never met"
+        time.sleep(0.005)
 
 
 def snapshot_has(engine: DiffusionEngine, **expected) -> bool:
@@ -117,7 +127,7 @@ def test_mixed_concurrent_batch_is_token_identical_to_solo_runs(model_dir, fixtu
     base = fixture_engine if model_dir == FIXTURE_DIR else DiffusionEngine.from_pretrained(model_dir, device="cpu")
     engine = fresh(base, max_batch_size=8, max_wait_ms=100)  # start the burst together
     cases = [(messages, SamplingParams(**kwargs)) for messages, kwargs in MIXED_REQUESTS]
-    solo = [list(engine.stream(messages=messages, params=params)) for messages, params in cases]
+    solo = [list(base.stream(messages=messages, params=params)) for messages, params in cases]
 
     async def concurrently():
         return await asyncio.gather(*(collect(engine, messages, params) for messages, params in cases))
@@ -172,7 +182,7 @@ class FakeHandle:  # just what the padding policy reads
         self.step_width, self.runs_alone, self.order, self.last_stepped = length, alone, order, -1
 
 
-def test_padding_policy_groups_canvas_lengths_by_forward_cost():
+def test_padding_policy_groups_step_widths_by_forward_cost():
     lengths = [48, 50, 51, 47, 71, 160]
     handles = [FakeHandle(n, order=i) for i, n in enumerate(lengths)] + [FakeHandle(30, alone=True, order=9)]
 
@@ -202,6 +212,70 @@ def test_forward_cost_fit_recovers_the_fixed_cost_of_a_forward():
     assert cost.overhead_tokens == pytest.approx(200.0, rel=0.05)
     cost.observe(100, 5.0)  # a pause (GC, compilation) barely moves the estimate
     assert cost.overhead_tokens == pytest.approx(200.0, rel=0.2)
+
+
+# --- one execution model: the sync API goes through the scheduler thread too -----------------------
+
+
+def test_sync_and_async_requests_share_the_scheduler_thread_and_its_forwards(fixture_engine, monkeypatch):
+    """`generate`/`stream` from other threads and `agenerate` at once: the model runs on the scheduler
+    thread alone, sync and async requests share forwards, and every output is the solo one."""
+    engine = fresh(fixture_engine, max_batch_size=8)
+    recorder = StepRecorder(engine, gated=True)  # hold the first step until all six are queued
+    monkeypatch.setattr(engine, "step", recorder)
+    sync_seeds, async_seeds = (1, 2, 3), (11, 12, 13)
+    # One prompt for all: equal rows, so the padding policy always lets them share a forward.
+    params = {seed: SamplingParams(gen_length=32, num_denoising_steps=16, temperature=0.8, seed=seed)
+              for seed in sync_seeds + async_seeds}  # fmt: skip
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(max_workers=len(sync_seeds)) as pool:
+            sync_jobs = [
+                loop.run_in_executor(pool, functools.partial(engine.generate, messages=SHORT, params=params[1])),
+                loop.run_in_executor(pool, functools.partial(engine.generate, messages=SHORT, params=params[2])),
+                loop.run_in_executor(pool, lambda: list(engine.stream(messages=SHORT, params=params[3]))),
+            ]
+            async_jobs = [engine.agenerate(messages=SHORT, params=params[seed]) for seed in async_seeds]
+            async_tasks = [asyncio.ensure_future(job) for job in async_jobs]
+            await until(lambda: engine.stats.snapshot()["dllm_requests_total"] == 6)
+            recorder.gate.set()
+            return await asyncio.gather(*sync_jobs, *async_tasks)
+
+    first, second, streamed, *async_results = run(scenario())
+    engine.shutdown()
+
+    solo = {seed: fixture_engine.generate(messages=SHORT, params=params[seed]) for seed in (1, 2, *async_seeds)}
+    assert [first, second, *async_results] == [solo[s] for s in (1, 2, *async_seeds)]
+    assert streamed == list(fixture_engine.stream(messages=SHORT, params=params[3]))
+    assert [thread.name for thread in recorder.threads] == ["dllm-scheduler"]
+    seeds_per_forward = [{request.params.seed for request in batch} for batch in recorder.batches]
+    assert any(seeds & set(sync_seeds) and seeds & set(async_seeds) for seeds in seeds_per_forward)
+
+
+def test_closing_a_sync_stream_early_cancels_its_request(fixture_engine):
+    engine = fresh(fixture_engine, max_batch_size=1)
+    long_params = SamplingParams(gen_length=64, num_denoising_steps=64, early_exit=False)
+    events = engine.stream(messages=MEDIUM, params=long_params)
+    assert next(events).step == 0
+    events.close()  # what leaving a `for` loop over it early does, once the iterator is collected
+    wait_until(lambda: engine.stats.snapshot()["dllm_requests_cancelled_total"] == 1)
+    assert engine.stats.snapshot()["dllm_requests_running"] == 0
+    params = SamplingParams(gen_length=16, num_denoising_steps=16)
+    assert engine.generate(messages=SHORT, params=params) == fixture_engine.generate(messages=SHORT, params=params)
+    engine.shutdown()
+
+
+def test_generate_is_woken_once_with_the_last_event(fixture_engine):
+    """`generate` needs only the result: its thread gets the last event alone, not one wake-up per step."""
+    engine = fresh(fixture_engine)
+    params = SamplingParams(gen_length=32, num_denoising_steps=32, early_exit=False)
+    request = engine.new_request(messages=SHORT, params=params)
+    handle = engine._running_scheduler().submit(request, every_event=False)
+    event = handle.wait_event()
+    engine.shutdown()
+    assert event.finished and event.step == 31
+    assert event.result == fixture_engine.generate(messages=SHORT, params=params)
 
 
 # --- cancellation, overload, failures, shutdown -----------------------------------------------------
@@ -258,6 +332,8 @@ def test_overload_fires_exactly_at_the_bound(fixture_engine, monkeypatch):
             await engine.agenerate(messages=SHORT, params=params)
         with pytest.raises(EngineOverloaded):  # raised before any event, from astream too
             await anext(engine.astream(messages=SHORT, params=params))
+        with pytest.raises(EngineOverloaded):  # and from the sync API, which shares the queue
+            engine.generate(messages=SHORT, params=params)
         recorder.gate.set()
         results = await asyncio.gather(*accepted)
         # Capacity is back once requests finish.
@@ -529,9 +605,8 @@ def test_engine_reads_scheduler_config_from_env(fixture_engine, monkeypatch):
 
 def test_prometheus_text_and_lazy_scheduler_start(fixture_engine):
     engine = fresh(fixture_engine)
+    assert engine._scheduler is None  # no thread until the first request
     params = SamplingParams(gen_length=16, num_denoising_steps=16)
-    engine.generate(messages=SHORT, params=params)  # the sync API starts no thread and counts nothing
-    assert engine._scheduler is None
     result = run(engine.agenerate(messages=SHORT, params=params))
     assert isinstance(result, GenerationResult) and engine._scheduler is not None
     text = engine.stats.prometheus_text()

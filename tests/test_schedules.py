@@ -1,4 +1,4 @@
-"""Block schedules: exact LLaDA uniform schedule, DESIGN §4's worked examples, and invariants."""
+"""Block schedules: exact LLaDA uniform schedule, the worked examples of docs/design.md ("Sampler"), and invariants."""
 
 import pytest
 

@@ -1,15 +1,14 @@
-"""`bentoml build` packs a Bento with the service, engine, schemas and embedded model, offline."""
+"""`bentoml build` packs a Bento with the service, its HTTP layer, engine, schemas and embedded model, offline."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.fixture_paths import REPO_ROOT
 
 
 def test_bentoml_build_packs_the_service_offline(tmp_path):
@@ -27,7 +26,7 @@ def test_bentoml_build_packs_the_service_offline(tmp_path):
     src = bento / "src"
 
     assert (src / "service.py").is_file()
-    for package in ("engine", "schemas"):
+    for package in ("api", "engine", "schemas"):
         assert (src / package / "__init__.py").is_file(), package
     embedded = src / "models" / "tiny-llada-chat"
     for name in ("config.json", "tokenizer.json", "model.safetensors"):

@@ -1,13 +1,13 @@
-"""DESIGN §1 for the HTTP side: `schemas` never imports torch, the engine or a web framework; importing
+"""Import boundaries (docs/design.md, "Layout"): `engine` never imports the HTTP side; `schemas` never
+imports torch, the engine or a web framework; the HTTP layer (`api`) does not depend on BentoML; importing
 `service.py` (what `bentoml build` does) loads no torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.fixture_paths import REPO_ROOT
 
 
 def modules_after(statement: str) -> set[str]:
@@ -21,6 +21,18 @@ def test_schemas_import_no_torch_engine_or_framework():
         "import schemas.chat, schemas.errors, schemas.openapi, schemas.request_id, schemas.responses"
     )
     assert not loaded & {"torch", "engine", "fastapi", "starlette", "bentoml", "transformers"}
+
+
+def test_engine_imports_nothing_of_the_http_side():
+    loaded = modules_after("import engine")
+    assert "torch" in loaded
+    assert not loaded & {"schemas", "api", "service", "fastapi", "bentoml"}
+
+
+def test_http_layer_imports_no_torch_engine_or_bentoml():
+    loaded = modules_after("import api.app, api.errors, api.middleware, api.streaming")
+    assert "fastapi" in loaded
+    assert not loaded & {"torch", "engine", "transformers", "bentoml"}
 
 
 def test_importing_the_service_loads_no_torch():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import DiffusionEngine, InvalidParameter, SamplingParams
+from engine import InvalidParameter, SamplingParams
 from engine.tokenizer import ChatTokenizer
 from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR
 
@@ -50,16 +50,15 @@ def test_content_is_trimmed_like_the_official_template(tokenizer):
     )
 
 
-def test_prompt_token_ids_may_not_contain_the_mask_id():
-    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_prompt_token_ids_may_not_contain_the_mask_id(fixture_engine):
     with pytest.raises(InvalidParameter, match="mask token"):
-        engine.generate(prompt_token_ids=[400, 402], params=SamplingParams(gen_length=8))
+        fixture_engine.generate(prompt_token_ids=[400, 402], params=SamplingParams(gen_length=8))
     with pytest.raises(InvalidParameter, match="maximum sequence length"):
-        engine.generate(prompt_token_ids=[400] * 10, params=SamplingParams(gen_length=512))
+        fixture_engine.generate(prompt_token_ids=[400] * 10, params=SamplingParams(gen_length=512))
     with pytest.raises(InvalidParameter, match="at least one message"):
-        engine.generate(messages=[], params=SamplingParams(gen_length=8))
+        fixture_engine.generate(messages=[], params=SamplingParams(gen_length=8))
     with pytest.raises(ValueError, match="exactly one of"):
-        engine.generate(params=SamplingParams(gen_length=8))
+        fixture_engine.generate(params=SamplingParams(gen_length=8))
 
 
 @pytest.mark.parametrize(
@@ -77,26 +76,23 @@ def test_prompt_token_ids_may_not_contain_the_mask_id():
         (7, "list of integer token ids"),
     ],
 )
-def test_bad_prompt_token_ids_are_refused_before_the_model(prompt, rule):
-    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_bad_prompt_token_ids_are_refused_before_the_model(fixture_engine, prompt, rule):
     with pytest.raises(InvalidParameter, match=rule) as raised:
-        engine.generate(prompt_token_ids=prompt, params=SamplingParams(gen_length=8))
+        fixture_engine.generate(prompt_token_ids=prompt, params=SamplingParams(gen_length=8))
     assert raised.value.field == "prompt_token_ids"
 
 
-def test_integer_like_token_ids_are_accepted():
-    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_integer_like_token_ids_are_accepted(fixture_engine):
     params = SamplingParams(gen_length=8)
-    expected = engine.generate(prompt_token_ids=[400, 5, 6], params=params)
-    assert engine.generate(prompt_token_ids=torch.tensor([400, 5, 6]), params=params) == expected
-    assert engine.generate(prompt_token_ids=np.array([400, 5, 6]), params=params) == expected
+    expected = fixture_engine.generate(prompt_token_ids=[400, 5, 6], params=params)
+    assert fixture_engine.generate(prompt_token_ids=torch.tensor([400, 5, 6]), params=params) == expected
+    assert fixture_engine.generate(prompt_token_ids=np.array([400, 5, 6]), params=params) == expected
 
 
 @pytest.mark.parametrize("messages", ["hello", ["hello"], [{"role": "user"}], [{"role": "robot", "content": "hi"}]])
-def test_malformed_messages_are_an_invalid_parameter(messages):
-    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+def test_malformed_messages_are_an_invalid_parameter(fixture_engine, messages):
     with pytest.raises(InvalidParameter, match="each message needs a role"):
-        engine.generate(messages=messages, params=SamplingParams(gen_length=8))
+        fixture_engine.generate(messages=messages, params=SamplingParams(gen_length=8))
 
 
 # --- Dream: Qwen's ChatML template, its default system prompt, untrimmed content --------------------------

@@ -1,0 +1,61 @@
+"""From failures to HTTP responses: the engine's exceptions mapped to statuses, in one place.
+
+Only the engine's invalid-input exception (`InvalidParameter`) blames the client (400). A full queue
+is a 429 and a stopping engine a 503. Anything else is not the client's fault: it propagates to
+`RequestContextMiddleware`, which logs the traceback and answers a 500 that carries the request id.
+The error envelope and every (status, type, code) triple live in schemas/errors.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from fastapi.responses import JSONResponse, Response
+
+from schemas.chat import ChatCompletionRequest
+from schemas.errors import APIError
+
+if TYPE_CHECKING:
+    from engine.errors import InvalidParameter
+
+logger = logging.getLogger(f"dllm_serve.{__name__}")
+
+OVERLOAD_RETRY_AFTER_S = 1
+# nginx's "client closed request": the client is gone, so nobody reads this response, but every exchange
+# must still end with one (BentoML's timeout middleware and a graceful shutdown wait for it).
+CLIENT_CLOSED_REQUEST = 499
+
+
+def error_response(error: APIError) -> JSONResponse:
+    # X-Request-ID is added by RequestContextMiddleware, like on every other response.
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def client_gone() -> Response:
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def invalid_parameter_error(error: InvalidParameter, chat: ChatCompletionRequest) -> APIError:
+    """An engine InvalidParameter, reported under the request field the client sent."""
+    param = chat.http_param(error.field)
+    message = f"Invalid value for '{param}': {error.rule}"
+    if error.field != "gen_length" and "gen_length" in error.rule:
+        message += f"; gen_length is the canvas size, set by {chat.canvas_field} (default 128)"
+    return APIError.invalid_value(param, message.rstrip(".") + ".")
+
+
+def engine_error(error: Exception, chat: ChatCompletionRequest) -> APIError | None:
+    """The HTTP error for what the engine raised before a request's first event; None: a server fault,
+    to be answered with a 500 (a ValueError from a bug in the engine is one too, not a 400)."""
+    # Imported here: the engine package loads torch, which importing the service must not.
+    from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
+
+    if isinstance(error, InvalidParameter):
+        return invalid_parameter_error(error, chat)
+    if isinstance(error, EngineOverloaded):
+        logger.warning("rejected with 429: %s", error)
+        return APIError.overloaded(OVERLOAD_RETRY_AFTER_S)
+    if isinstance(error, EngineShutdown):
+        return APIError.shutting_down()
+    return None
