@@ -62,7 +62,7 @@ def denoise_step(
     return _propose_and_commit(rows, logits, candidate_cols)
 
 
-def _candidate_grid(rows: list[_Row], columns: list[list[int]]) -> tuple[list[int], list[int], int]:
+def _candidate_grid(columns: list[list[int]]) -> tuple[list[int], list[int], int]:
     """The candidates' columns as a [B, M] grid (a row with fewer fills it with its last column: it is computed
     and dropped) and the flat indices of the real entries (empty when no row needed filling), and M."""
     per_row = max(len(row_cols) for row_cols in columns)
@@ -90,9 +90,8 @@ def _full_forward(model, rows: list[_Row], width: int, device, pad_id: int):
         if padded:
             mask += [0] * row.pad + [1] * request.length
         columns.append([offset + shift for offset in row.offsets])
-    grid, real, per_row = _candidate_grid(rows, columns)
-    cols = list(chain(*columns))
-    sections = [ids, mask, grid, real, cols]
+    grid, real, per_row = _candidate_grid(columns)
+    sections = [ids, mask, grid, real, list(chain(*columns))]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     input_ids, attention_mask, candidate_grid, real_entries, candidate_cols = on_device
     logits = model(
@@ -117,7 +116,7 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     key_width = width + ragged
     hide_keys = ragged or any(row.pad for row in rows)
 
-    ids, columns_of_computed, positions, key_mask, candidates = [], [], [], [], []
+    ids, columns_of_computed, positions, key_mask, candidates, cols = [], [], [], [], [], []
     for row in rows:
         request, fill = row.request, computed - (row.end - row.start)
         canvas = request.prompt_ids + request.generated
@@ -128,10 +127,10 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
         positions += [0] * fill
         if hide_keys:
             key_mask += [0] * row.pad + [1] * request.length + [0] * ragged
-        # Candidates are counted within the row's computed span.
+        # The logits are wanted at the candidates, counted within the row's computed span.
         candidates.append([request.prompt_length + offset - row.start for offset in row.offsets])
-    grid, real, per_row = _candidate_grid(rows, candidates)
-    cols = list(chain(*([row.pad + row.request.prompt_length + o for o in row.offsets] for row in rows)))
+        cols += [row.pad + request.prompt_length + offset for offset in row.offsets]
+    grid, real, per_row = _candidate_grid(candidates)
     sections = [ids, columns_of_computed, positions, key_mask, grid, real, cols]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     input_ids, computed_columns, computed_positions, key_mask_t, candidate_grid, real_entries, candidate_cols = (
@@ -161,7 +160,7 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
         if row.computes_all and row.request.uses_kv_cache:
             # The block's first forward: its keys and values are the cache for the rest of the block.
             own = buffer[:, :, index, :, row.pad : row.pad + row.request.length]
-            row.request.kv_cache_tensor = own if lone is not None and key_width == own.shape[-2] else own.clone()
+            row.request.kv_cache_tensor = own if lone is not None else own.clone()  # a lone row's is the buffer
     return logits, candidate_cols
 
 
