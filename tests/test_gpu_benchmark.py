@@ -175,6 +175,40 @@ def test_device_side_of_a_step_never_waits_for_the_device(engine_fixture, reques
     assert "packed = " in str(caught.traceback[-1].statement)
 
 
+CACHED_SETTINGS = [
+    dict(gen_length=32, block_length=8, num_denoising_steps=16, kv_cache="dual"),
+    dict(gen_length=32, block_length=16, kv_cache="prefix", confidence_threshold=0.9),
+    dict(gen_length=16, block_length=8, kv_cache="dual", confidence_threshold=0.5, temperature=0.7, seed=3),
+    dict(gen_length=16, num_denoising_steps=16),  # an uncached row in the same frame
+]
+
+
+@pytest.mark.parametrize(
+    "mid_block", [(False, True, True, False), (True,), (False,)], ids=["mixed", "lone-cached", "lone-first-forward"]
+)
+def test_device_side_of_a_cached_step_never_waits_for_the_device(fixture_engine, mid_block):
+    """The KV-cache path (KVFrame forward, cache copies in and out, filler columns, the threshold rule) on the
+    meta device: as above, the only op that may read device data is the packed copy of the proposals."""
+    with torch.device("meta"):
+        model = LLaDAModelLM(fixture_engine.model.config)
+    meta = torch.device("meta")
+    requests = []
+    for i, (settings, cached) in enumerate(zip(CACHED_SETTINGS, mid_block)):
+        request = fixture_engine.new_request(
+            prompt_token_ids=list(range(5, 5 + 3 * i + 2)), params=SamplingParams(**settings)
+        )
+        if cached:  # as if the block's first forward had run: the next one reads the cache
+            request.block_step = 1
+            request.kv_cache_tensor = torch.empty(model.kv_bytes(request.length) // 4, device=meta).view(
+                model.config.n_layers, 2, model.config.n_kv_heads, request.length, model.config.head_dim
+            )
+        requests.append(request)
+    assert any(r.forward_span() != (0, r.length) for r in requests) == any(mid_block)
+    with pytest.raises(NotImplementedError, match="meta") as caught:
+        denoise_step(model, requests, meta, fixture_engine.model.config.pad_token_id)
+    assert "packed = " in str(caught.traceback[-1].statement)
+
+
 def test_bf16_padded_batch_runs_the_boolean_key_mask_and_matches_fp32():
     """The padded path passes SDPA a boolean key mask with bf16 inputs; its row must agree with the fp32
     model on the unpadded prompt (up to bf16 rounding, far below what attending to the pads would cost)."""
