@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.errors import client_gone, error_response, invalid_parameter_error
 from api.middleware import RequestContextMiddleware
 from api.streaming import first_event, last_result, max_request_bytes, read_body, sse_stream, until_disconnect
+from playground import playground_router
 from schemas.chat import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, parse_chat_request
 from schemas.errors import APIError, ErrorResponse
 from schemas.openapi import API_DESCRIPTION, CHAT_CHUNK_REF, CHAT_REQUEST_REF, add_chat_schemas
@@ -184,6 +185,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(v1)
+    app.include_router(playground_router(serving_engine))
     app.add_api_route(
         "/v1/{path:path}", unknown_route, methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
     )

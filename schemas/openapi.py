@@ -25,6 +25,8 @@ An OpenAI Chat Completions–compatible API for **diffusion language models** (L
 | rejected (400, ADR 005) | `top_p`, `top_k` > 1, `presence_penalty`, `frequency_penalty`, `n` > 1, `logit_bias`, `tools`, `tool_choice`, `functions`, `function_call`, `logprobs: true`, `top_logprobs` |
 | extension fields | `num_denoising_steps`, `block_length`, `block_schedule`, `confidence_metric`, `target_length`, `attention_backend`, `force_single_batch`, `use_local_leap`, `local_leap_anchor_threshold`, `local_leap_neighbor_threshold`, `local_leap_radius`, `kv_cache`, `confidence_threshold` — top-level fields, see the request schema |
 
+To watch a completion's canvas denoise step by step in the browser, open [/playground](/playground).
+
 Unknown fields are rejected with 400 `unknown_parameter`, never ignored. Every error uses OpenAI's envelope
 `{"error": {"message", "type", "param", "code"}}`. Every `/v1` response carries `X-Request-ID`.
 """.strip()  # noqa: E501 (markdown table rows)

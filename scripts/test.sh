@@ -4,4 +4,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+# tests/test_playground.py drives the OS's Chromium (Playwright's own browser download is not used). As root on
+# Debian (CI) it is installed here; elsewhere those tests are skipped, saying why.
+if ! python -c "from scripts.playground_screenshot import find_chromium; exit(find_chromium() is None)"; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium (apt-get) for the playground's browser tests"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "no chromium: the playground's browser tests will be skipped (apt-get install chromium)" >&2
+  fi
+fi
 python -m pytest "$@"
