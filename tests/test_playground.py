@@ -118,11 +118,15 @@ def browser():
 
 @pytest.fixture
 def playground(browser, bentoml_server):
-    """A fresh page on /playground, its form built; `.requests` lists every URL it asked for."""
+    """A fresh page on /playground, its form built. `.requests` lists what it asked for; `.errors` its script
+    errors and console errors, where Chromium also reports what the Content-Security-Policy refused (a request
+    to another host never starts, so it is not in `.requests`)."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
-    page.requests = []
+    page.requests, page.errors = [], []
     page.on("request", lambda request: page.requests.append(request))
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
     page.goto(f"{bentoml_server}/playground")
     page.get_by_test_id("max_tokens").wait_for()
     yield page
@@ -147,6 +151,8 @@ def cells(page) -> list[dict]:
             state: cell.dataset.state,
             step: cell.dataset.step === undefined ? null : Number(cell.dataset.step),
             token_id: cell.dataset.tokenId === undefined ? null : Number(cell.dataset.tokenId),
+            eos: cell.classList.contains('eos'),
+            tail: cell.classList.contains('tail'),
         }))"""
     )
 
@@ -199,13 +205,24 @@ def test_the_canvas_fills_in_step_by_step_and_ends_as_the_api_answers(playground
     answer = completion["choices"][0]["message"]["content"]
     assert answer and page.get_by_test_id("answer").text_content() == answer
 
-    # Each cell holds the token of the step that committed it; positions no step committed stay masked.
+    # Each cell holds the token of the step that committed it; positions no step committed stay masked. Stop
+    # tokens are marked, and so is everything after the first one (cut from the answer).
     steps = stream_steps(bentoml_server, body)
     assert len(steps) == completion["diffusion"]["num_forward_passes"] > 2
-    expected = [{"state": "masked", "step": None, "token_id": None} for _ in range(32)]
+    stop_ids = {t["token_id"] for t in httpx.get(f"{bentoml_server}/playground/settings.json").json()["stop_tokens"]}
+    expected = [{"state": "masked", "step": None, "token_id": None, "eos": False} for _ in range(32)]
     for step in steps:
         for token in step["committed"]:
-            expected[token["position"]] = {"state": "committed", "step": step["step"], "token_id": token["token_id"]}
+            expected[token["position"]] = {
+                "state": "committed",
+                "step": step["step"],
+                "token_id": token["token_id"],
+                "eos": token["token_id"] in stop_ids,
+            }
+    first_eos = next(i for i, cell in enumerate(expected) if cell["eos"])
+    assert 0 < first_eos < 31
+    for position, cell in enumerate(expected):
+        cell["tail"] = position > first_eos
     assert cells(page) == expected
 
     # The canvas was seen part-filled after several different steps, each time exactly as the stream had it.
@@ -217,6 +234,7 @@ def test_the_canvas_fills_in_step_by_step_and_ends_as_the_api_answers(playground
     assert seen == sorted(seen), "a committed cell went back to masked"
 
     assert all(r.url.startswith(f"{bentoml_server}/") for r in page.requests), [r.url for r in page.requests]
+    assert page.errors == []
 
 
 def test_the_scrubber_replays_the_run(playground, bentoml_server):
