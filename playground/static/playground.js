@@ -366,6 +366,9 @@ async function send() {
     showError(failure);
     setStatus(failure.cancelled ? "cancelled" : "error", failure.cancelled ? "stopped" : "the request failed");
     setRunning(false);
+    // A run stopped part-way keeps its canvas, and can be replayed as far as it went.
+    await painted(run);
+    if (page.run === run && !page.controller) enableReplay(run);
     return;
   }
   await painted(run);
@@ -455,13 +458,17 @@ function finishRun(run, userTurn) {
   renderAt(run, run.steps.length);
   el.finalJson.textContent = resolved ? toJson({ finish_reason: run.finish.finish_reason, ...resolved }, 2) : "";
   el.reuseSeed.disabled = !resolved;
+  enableReplay(run);
+  const passes = resolved ? resolved.num_forward_passes : run.steps.length;
+  const seconds = (run.steps.length ? run.steps[run.steps.length - 1].at : 0) / 1000;
+  setStatus("done", `done: ${passes} forward passes in ${seconds.toFixed(2)} s, finish_reason "${run.finish?.finish_reason}"`);
+}
+
+function enableReplay(run) {
   el.scrub.max = String(run.steps.length);
   el.scrub.value = String(run.steps.length);
   el.scrub.disabled = el.replay.disabled = run.steps.length === 0;
   updateScrubLabel(run);
-  const passes = resolved ? resolved.num_forward_passes : run.steps.length;
-  const seconds = (run.steps.length ? run.steps[run.steps.length - 1].at : 0) / 1000;
-  setStatus("done", `done: ${passes} forward passes in ${seconds.toFixed(2)} s, finish_reason "${run.finish?.finish_reason}"`);
 }
 
 function setRunning(running) {
