@@ -138,7 +138,8 @@ function buildControl(spec) {
     input.checked = spec.default === true;
   } else {
     input = document.createElement("input");
-    const exact = spec.type !== "integer" || [spec.minimum, spec.maximum].every((b) => b === undefined || Number.isSafeInteger(b));
+    const exact =
+      spec.type !== "integer" || [spec.minimum, spec.maximum].every((b) => b === undefined || Number.isSafeInteger(b));
     if (exact) {
       input.type = "number";
       input.step = spec.type === "integer" ? "1" : "0.05";
@@ -152,7 +153,8 @@ function buildControl(spec) {
       input.inputMode = "numeric";
       input.spellcheck = false;
     }
-    input.placeholder = spec.default !== null && spec.default !== undefined ? String(spec.default) : spec.default_note ?? "";
+    input.placeholder =
+      spec.default !== null && spec.default !== undefined ? String(spec.default) : (spec.default_note ?? "");
   }
   input.id = id;
   input.name = spec.name;
@@ -240,7 +242,10 @@ async function apiError(response) {
   } catch {
     // not JSON: shown as text below
   }
-  return { message: `HTTP ${response.status} ${response.statusText}: ${text.slice(0, 500) || "(empty body)"}`, status: response.status };
+  return {
+    message: `HTTP ${response.status} ${response.statusText}: ${text.slice(0, 500) || "(empty body)"}`,
+    status: response.status,
+  };
 }
 
 function showError(error, retry) {
@@ -249,7 +254,9 @@ function showError(error, retry) {
   message.className = "message";
   message.textContent = error.message;
   el.error.append(message);
-  const detail = [error.status && `HTTP ${error.status}`, error.code, error.param && `param: ${error.param}`].filter(Boolean);
+  const detail = [error.status && `HTTP ${error.status}`, error.code, error.param && `param: ${error.param}`].filter(
+    Boolean,
+  );
   if (detail.length) {
     const small = document.createElement("span");
     small.className = "detail";
@@ -279,9 +286,8 @@ function setStatus(state, text) {
 
 // --- a run: request, stream, live view ------------------------------------------------------------------
 
-function newRun(body, blockLength) {
+function newRun(blockLength) {
   return {
-    body,
     blockLength, // from the form; the resolved one replaces it at the end
     canvasSize: null, // known from the first step chunk
     cells: [],
@@ -320,7 +326,7 @@ async function send() {
     stream: true,
     stream_options: { include_usage: true },
   };
-  const run = newRun(body, fields.block_length);
+  const run = newRun(fields.block_length);
   page.run = run;
   el.canvas.replaceChildren();
   el.timeline.replaceChildren();
@@ -352,7 +358,10 @@ async function send() {
   } catch (error) {
     failure =
       error.name === "AbortError"
-        ? { message: "Stopped: the request was cancelled (the server frees its slot at the next step).", cancelled: true }
+        ? {
+            message: "Stopped: the request was cancelled (the server frees its slot at the next step).",
+            cancelled: true,
+          }
         : { message: `Could not reach the server: ${error.message}` };
   }
   page.controller = null;
@@ -403,12 +412,12 @@ async function readStream(response, run) {
 }
 
 function receive(chunk, run) {
-  const at = performance.now() - run.startedAt;
+  const at = performance.now() - run.startedAt; // arrival, not paint: the clock the stats show
   const choice = chunk.choices && chunk.choices[0];
   if (chunk.usage) run.usage = chunk.usage;
   if (!chunk.diffusion) return; // the role chunk, the usage chunk
   if (choice && choice.finish_reason) {
-    run.finish = { finish_reason: choice.finish_reason, diffusion: chunk.diffusion, at };
+    run.finish = { finish_reason: choice.finish_reason, diffusion: chunk.diffusion };
     return;
   }
   if (run.canvasSize === null) {
@@ -424,13 +433,16 @@ function schedulePaint(run) {
   if (run.painting) return;
   run.painting = true;
   const frame = () => {
-    if (page.run !== run) return;
-    if (run.applied < run.steps.length) {
-      applyStep(run, run.steps[run.applied]);
+    const superseded = page.run !== run; // a newer run owns the canvas now
+    if (!superseded && run.applied < run.steps.length) {
+      const step = run.steps[run.applied];
+      applyStep(run, step);
       run.applied += 1;
       showStepStats(run, run.applied);
+      if (page.controller)
+        setStatus("running", `denoising: step ${step.step}, ${plural(step.masked_remaining, "position")} still masked`);
     }
-    if (run.applied < run.steps.length) requestAnimationFrame(frame);
+    if (!superseded && run.applied < run.steps.length) requestAnimationFrame(frame);
     else {
       run.painting = false;
       if (run.onPainted) run.onPainted();
@@ -461,7 +473,10 @@ function finishRun(run, userTurn) {
   enableReplay(run);
   const passes = resolved ? resolved.num_forward_passes : run.steps.length;
   const seconds = (run.steps.length ? run.steps[run.steps.length - 1].at : 0) / 1000;
-  setStatus("done", `done: ${passes} forward passes in ${seconds.toFixed(2)} s, finish_reason "${run.finish?.finish_reason}"`);
+  setStatus(
+    "done",
+    `done: ${passes} forward passes in ${seconds.toFixed(2)} s, finish_reason "${run.finish?.finish_reason}"`,
+  );
 }
 
 function enableReplay(run) {
