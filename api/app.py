@@ -20,8 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import client_gone, error_response, invalid_parameter_error
 from api.middleware import RequestContextMiddleware
+from api.playground import playground_router
 from api.streaming import first_event, last_result, max_request_bytes, read_body, sse_stream, until_disconnect
-from playground import playground_router
 from schemas.chat import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, parse_chat_request
 from schemas.errors import APIError, ErrorResponse
 from schemas.openapi import API_DESCRIPTION, CHAT_CHUNK_REF, CHAT_REQUEST_REF, add_chat_schemas

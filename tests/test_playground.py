@@ -17,8 +17,8 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 import engine.params as engine_params
-from playground.routes import ASSETS, CONTENT_SECURITY_POLICY, STATIC_DIR
-from playground.settings import CONTROL_GROUPS, resolved_defaults
+from api.playground import ASSETS, CONTENT_SECURITY_POLICY, STATIC_DIR
+from api.playground_settings import CONTROL_GROUPS, resolved_defaults
 from schemas.chat import ChatCompletionRequest
 from scripts.playground_screenshot import find_chromium, launch_chromium
 from tests.fixture_paths import DREAM_FIXTURE_DIR

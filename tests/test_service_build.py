@@ -1,4 +1,5 @@
-"""`bentoml build` packs a Bento with the service, its HTTP layer and playground, engine, schemas and embedded model, offline."""
+"""`bentoml build` packs a Bento with the service, its HTTP layer (playground included), engine, schemas and embedded
+model, offline."""
 
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ def test_bentoml_build_packs_the_service_offline(tmp_path):
     src = bento / "src"
 
     assert (src / "service.py").is_file()
-    for package in ("api", "engine", "schemas", "playground"):
+    for package in ("api", "engine", "schemas"):
         assert (src / package / "__init__.py").is_file(), package
-    for asset in ("index.html", "playground.js", "playground.css"):
-        assert (src / "playground" / "static" / asset).is_file(), asset
+    for asset in ("playground.html", "playground.js", "playground.css"):
+        assert (src / "api" / "static" / asset).is_file(), asset
     embedded = src / "models" / "tiny-llada-chat"
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         assert (embedded / name).is_file(), name

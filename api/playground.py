@@ -1,4 +1,7 @@
-"""The playground's routes: the page, its two static assets, and the settings the form is built from.
+"""GET /playground: a page that shows a diffusion model's canvas denoise, step by step, live.
+
+The routes serve the page (static/playground.html), its two assets, and the settings its form is built from
+(playground_settings.py).
 
 Everything the page does after loading goes through the public API (`POST /v1/chat/completions` with
 `stream: true`), same origin. The Content-Security-Policy makes "no external assets" a rule the browser
@@ -13,9 +16,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import FileResponse
 
-from playground.settings import page_settings
+from api.playground_settings import page_settings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+PAGE = STATIC_DIR / "playground.html"
 ASSETS = {"playground.js": "text/javascript; charset=utf-8", "playground.css": "text/css; charset=utf-8"}
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -32,7 +36,7 @@ def playground_router(engine_dependency: Callable[..., Any]) -> APIRouter:
 
     @router.get("/playground")
     async def page() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8", headers=HEADERS)
+        return FileResponse(PAGE, media_type="text/html; charset=utf-8", headers=HEADERS)
 
     @router.get("/playground/settings.json")
     async def settings(engine: Engine) -> dict:
