@@ -167,7 +167,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return error_response(APIError.not_found(request.method, request.url.path))
     if exc.status_code == 405:
-        return error_response(APIError.method_not_allowed(request.method, request.url.path))
+        allowed = (exc.headers or {}).get("Allow", "")  # set by the router: the methods the route has
+        return error_response(APIError.method_not_allowed(request.method, request.url.path, allowed))
     return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 

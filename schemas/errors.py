@@ -105,8 +105,10 @@ class APIError(Exception):
         return cls(404, f"Invalid URL ({method} {path}).", code="not_found")
 
     @classmethod
-    def method_not_allowed(cls, method: str, path: str) -> APIError:
-        return cls(405, f"Method {method} is not allowed on {path}.", code="method_not_allowed")
+    def method_not_allowed(cls, method: str, path: str, allowed: str) -> APIError:
+        # RFC 9110 §15.5.6: a 405 must list the methods the resource supports.
+        message = f"Method {method} is not allowed on {path} (allowed: {allowed})."
+        return cls(405, message, code="method_not_allowed", headers={"Allow": allowed})
 
     @classmethod
     def model_not_found(cls, model: str, served: str) -> APIError:

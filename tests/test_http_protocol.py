@@ -68,17 +68,24 @@ def test_omitted_seed_is_reported_and_reproduces_the_output(service_client):
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
 
 
-def test_stop_string_cuts_the_text_and_finishes_with_stop(service_client):
-    # A prompt whose answer (from the embedded model) is several tokens long: "b-a-n-a-n-a".
+def test_stop_string_cuts_the_text_at_its_first_occurrence(service_client):
+    # The stop string comes from the served model's own answer, computed here rather than assumed: a character it
+    # repeats, so that a cut at a later occurrence would show. The prompt asks for a spelled word for that reason.
     body = {"messages": [{"role": "user", "content": "Spell banana."}], "max_tokens": 16}
     text = service_client.post(URL, json=body).json()["choices"][0]["message"]["content"]
-    if len(text.strip()) < 2:
-        pytest.skip(f"the served model answered {text!r}: too short to cut")
-    stop = text.strip()[1]
+    repeated = [c for c in dict.fromkeys(text) if not c.isspace() and text.count(c) >= 2]
+    assert repeated, f"the prompt should draw an answer that repeats a character; the served model said {text!r}"
+    stop = repeated[0]
+    expected = text[: text.index(stop)]
+
     completion = service_client.post(URL, json={**body, "stop": [stop]}).json()
-    assert completion["choices"][0]["message"]["content"] == text[: text.index(stop)]
+    assert completion["choices"][0]["message"]["content"] == expected
     assert completion["choices"][0]["finish_reason"] == "stop"
     assert completion["diffusion"]["stop"] == [stop]
+    stream = sse_events(service_client.post(URL, json={**body, "stop": stop, "stream": True}).text)
+    chunks = [event for event in stream[:-1] if event["choices"]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 # --- stream -------------------------------------------------------------------------------------------
@@ -154,6 +161,19 @@ def test_request_id_is_honoured_and_becomes_the_completion_id(service_client):
     assert response.json()["id"] == f"chatcmpl-{request_id}"
 
 
+def test_request_id_length_bounds(service_client):
+    # 1 to 128 printable ASCII characters ("!" to "~"): the ends of both ranges are honoured, one past is refused.
+    for request_id in ("a", "!", "~", "x" * 128, "!" + "~" * 127):
+        response = service_client.get("/v1/models", headers={"X-Request-ID": request_id})
+        assert response.status_code == 200 and response.headers["X-Request-ID"] == request_id
+    longest = "y" * 128
+    response = service_client.post(URL, json={"messages": MESSAGES, "max_tokens": 4}, headers={"X-Request-ID": longest})
+    assert response.json()["id"] == f"chatcmpl-{longest}"
+    for request_id in ("x" * 129, "a\x7fb", "a b"):
+        response = service_client.get("/v1/models", headers={"X-Request-ID": request_id})
+        assert response.status_code == 400 and response.headers["X-Request-ID"] != request_id
+
+
 def test_request_line_is_logged_with_the_request_id_and_user(service_client, caplog):
     with caplog.at_level("INFO", logger="dllm_serve"):
         body = {"messages": MESSAGES, "max_tokens": 4, "user": "alice"}
@@ -168,7 +188,7 @@ def test_missing_request_id_is_a_fresh_uuid7(service_client):
     assert is_uuid7(first) and is_uuid7(second) and first != second
 
 
-@pytest.mark.parametrize("bad_id", ["has space", "x" * 129, "", "tab\there", "caf\xe9"], ids=repr)
+@pytest.mark.parametrize("bad_id", ["has space", "x" * 129, "", "tab\there", "caf\xe9", "del\x7f"], ids=repr)
 def test_invalid_request_id_is_a_400_carrying_a_generated_uuid7(service_client, bad_id):
     response = service_client.post(URL, json={"messages": MESSAGES}, headers={"X-Request-ID": bad_id.encode("latin-1")})
     assert response.status_code == 400
@@ -274,6 +294,22 @@ def test_unknown_v1_route_is_an_openai_shaped_404(service_client):
     response = service_client.post("/v1/completions", json={"prompt": "hi"})
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [("OPTIONS", URL, "POST"), ("HEAD", "/v1/models", "GET")])
+def test_wrong_method_on_a_v1_route(service_client, method, path, allowed):
+    response = service_client.request(method, path, headers={"X-Request-ID": "m-405"})
+    assert response.status_code == 405
+    assert response.headers["Allow"] == allowed  # RFC 9110: a 405 says which methods the resource has
+    assert response.headers["X-Request-ID"] == "m-405"
+    if method != "HEAD":  # a HEAD response has no body
+        assert response.json()["error"] | {"message": None} == {
+            "message": None, "type": "invalid_request_error", "param": None, "code": "method_not_allowed"
+        }  # fmt: skip
+    # The methods a client may plausibly try answer as OpenAI does: an unknown URL.
+    response = service_client.get(URL)
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "Invalid URL (GET /v1/chat/completions)."
 
 
 def test_ready_once_the_model_is_loaded(service_client):

@@ -157,6 +157,21 @@ def test_cache_lives_from_the_first_forward_to_the_end(engine):
     assert set(sizes) == {engine.model.kv_bytes(request.length)}
 
 
+def test_a_cache_taken_from_a_shared_forward_holds_only_its_own_memory(engine):
+    """The KV budget counts each request's `kv_bytes`: a cache taken out of a shared forward must be a copy of the
+    request's own columns, not a view that keeps the whole batch's buffer alive."""
+    params = SamplingParams(gen_length=32, block_length=8, num_denoising_steps=16, kv_cache="dual")
+    lengths = {len(ids) for ids in PROMPTS}
+    short, long = (next(ids for ids in PROMPTS if len(ids) == n) for n in (min(lengths), max(lengths)))
+    assert len(short) < len(long)  # rows of different lengths: the shared buffer is wider than the short one
+    together = [engine.new_request(prompt_token_ids=ids, params=params) for ids in (short, long)]
+    alone = engine.new_request(prompt_token_ids=short, params=params)
+    engine.step(together)
+    engine.step([alone])
+    for request in [*together, alone]:
+        assert request.kv_cache_tensor.untyped_storage().nbytes() == engine.model.kv_bytes(request.length)
+
+
 # --- the threshold rule, by hand ----------------------------------------------------------------------
 
 

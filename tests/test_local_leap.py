@@ -79,3 +79,31 @@ def test_local_leap_never_commits_outside_the_current_block(fixture_engine):
     assert len(events) == 4  # every candidate is an anchor: each block fills in one step
     for event in events:
         assert {pos // 8 for pos, _ in event.committed} == {event.block}
+
+
+def test_thresholds_and_radius_are_inclusive():
+    # Exact float32 values: an anchor at exactly κ, a neighbour at exactly τ and exactly W positions away.
+    confidence = torch.tensor([1.0, 0.5, 0.25, 0.5])
+    positions = torch.tensor([0, 2, 5, 9])
+    mask = local_leap_mask(confidence, positions, anchor=1.0, neighbor=0.5, radius=2)
+    assert mask.tolist() == [True, True, False, False]  # 5 is too unsure, 9 too far from the anchor at 0
+    assert mask.tolist() == local_leap_loop(confidence.tolist(), positions.tolist(), 1.0, 0.5, 2)
+
+
+def test_local_leap_at_kappa_and_tau_1_commits_the_certain_positions(fixture_engine):
+    """κ = τ = 1 is a valid setting: LocalLeap then commits exactly the candidates the model is certain of
+    (probability 1.0 in float32, as a logit of 50 over zeros gives), beyond the one-token quota."""
+    params = SamplingParams(
+        gen_length=8,
+        num_denoising_steps=8,  # quota: one token per step
+        use_local_leap=True,
+        local_leap_anchor_threshold=1.0,
+        local_leap_neighbor_threshold=1.0,
+        local_leap_radius=1,
+    )
+    request = fixture_engine.new_request(prompt_token_ids=[5, 6, 7], params=params)
+    certain, unsure = [50.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]
+    logits = torch.tensor([unsure, unsure, certain, certain, unsure, unsure, certain, unsure])
+    assert bool((torch.softmax(logits, -1).max(-1).values == 1.0).sum() == 3)  # the premise: exactly 1.0, thrice
+    proposal = request.propose(logits, torch.arange(8)).tolist()
+    assert proposal == [-1, -1, 0, 0, -1, -1, 0, -1]

@@ -91,6 +91,7 @@ def test_valid_edge_values_are_accepted():
         use_local_leap=True, local_leap_anchor_threshold=0, local_leap_neighbor_threshold=1, local_leap_radius=16
     )
     assert SamplingParams(stop="###").stop == ("###",)
+    assert SamplingParams(confidence_threshold=1).confidence_threshold == 1  # only what is certain (plus the top-1)
 
 
 def test_model_defaults_fill_only_what_the_request_left_out():

@@ -1,13 +1,21 @@
 """Schedules, confidence metrics and stop strings, end to end through the engine."""
 
+import math
+
 import pytest
 import torch
 
 from engine import SamplingParams
 from engine.sampler import confidence_of
-from engine.schedules import block_quotas
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+# 16 tokens in 4 steps, by hand (docs/design.md, "Sampler"): each step gets 1, and the 12 spare tokens are shared
+# by weight with largest-remainder rounding. front_loaded: weights 7, 5, 3, 1 / 16 → 5.25, 3.75, 2.25, 0.75 →
+# floors 5, 3, 2, 0 and the 2 leftovers to the .75s. cosine: weights cos(πi/8) − cos(π(i+1)/8) = 0.0761, 0.2168,
+# 0.3244, 0.3827 → 0.913, 2.601, 3.893, 4.592 → floors 0, 2, 3, 4 and the 3 leftovers to .913, .893, .601.
+QUOTAS_16_IN_4 = {"uniform": [4, 4, 4, 4], "front_loaded": [6, 5, 3, 2], "cosine": [2, 4, 5, 5]}
 
 
 @pytest.mark.parametrize("schedule", ["uniform", "front_loaded", "cosine"])
@@ -22,8 +30,7 @@ def test_each_step_commits_its_scheduled_quota(fixture_engine, schedule, metric)
         early_exit=False,
     )
     events = list(fixture_engine.stream(messages=MESSAGES, params=params))
-    expected = block_quotas(schedule, 16, 4) * 2
-    assert [len(e.committed) for e in events] == expected
+    assert [len(e.committed) for e in events] == QUOTAS_16_IN_4[schedule] * 2
     assert [e.block for e in events] == [0] * 4 + [1] * 4
 
 
@@ -36,6 +43,14 @@ def test_confidence_metrics():
     assert inverse_entropy[0] > inverse_entropy[1]
     torch.testing.assert_close(inverse_entropy[1], torch.tensor(1 / 3))  # exp(−ln 3)
     assert bool(((inverse_entropy > 0) & (inverse_entropy <= 1)).all())
+
+
+def test_margin_is_the_lead_of_the_best_token_over_the_runner_up():
+    logits = torch.tensor([[4.0, 0.0, 0.0], [2.0, 2.0, 0.0], [1.0, 1.0, 1.0]])
+    margin = confidence_of(logits, logits.argmax(-1), "margin")
+    # p1 − p2 by hand: (e⁴ − 1) / (e⁴ + 2); then two equal leaders and a flat row lead by nothing.
+    expected = torch.tensor([(math.exp(4) - 1) / (math.exp(4) + 2), 0.0, 0.0])
+    torch.testing.assert_close(margin, expected)
 
 
 def test_metrics_can_rank_differently(fixture_engine):

@@ -29,10 +29,9 @@ from engine import (
 from engine.batching_policy import ForwardCost, length_groups, next_batch
 from engine.memory import default_kv_cache_budget
 from tests.fixture_paths import EMBEDDED_MODEL_DIR, FIXTURE_DIR
+from tests.step_gate import StepByStep
 
 HANG_GUARD_S = 120
-# The trainer writes config.json first and the weights at the end: both mean "trained".
-EMBEDDED_MODEL_READY = all((EMBEDDED_MODEL_DIR / name).exists() for name in ("config.json", "model.safetensors"))
 
 # Prompts of very different lengths: the longest canvases are over twice the shortest, so the mixed batch
 # also exercises the length-group split of the padding policy.
@@ -116,11 +115,7 @@ async def collect(engine: DiffusionEngine, messages, params: SamplingParams):
     "model_dir",
     [
         pytest.param(FIXTURE_DIR, id="fixture"),
-        pytest.param(
-            EMBEDDED_MODEL_DIR,
-            id="embedded",
-            marks=pytest.mark.skipif(not EMBEDDED_MODEL_READY, reason="the embedded model is not trained yet"),
-        ),
+        pytest.param(EMBEDDED_MODEL_DIR, id="embedded"),
     ],
 )
 def test_mixed_concurrent_batch_is_token_identical_to_solo_runs(model_dir, fixture_engine):
@@ -347,6 +342,41 @@ def test_overload_fires_exactly_at_the_bound(fixture_engine, monkeypatch):
     assert engine.stats.snapshot()["dllm_requests_total"] == 6  # rejected requests are not counted
 
 
+def test_a_cancelled_waiting_request_frees_its_queue_place_at_once(fixture_engine, monkeypatch):
+    """A client that gives up while queued frees its place at the scheduler's next iteration, even though the
+    running request keeps the only slot: a new request is then accepted instead of a 429."""
+    engine = fresh(fixture_engine, max_batch_size=1, max_waiting=1)
+    steps = StepByStep(engine)
+    monkeypatch.setattr(engine, "step", steps)
+    long_params = SamplingParams(gen_length=64, num_denoising_steps=64, early_exit=False)
+    params = SamplingParams(gen_length=16, num_denoising_steps=16)
+
+    async def scenario():
+        running = asyncio.create_task(engine.agenerate(messages=MEDIUM, params=long_params))
+        await asyncio.to_thread(steps.wait_for_arrival, 1)  # its first step, held
+        queued = asyncio.create_task(engine.agenerate(messages=SHORT, params=params))
+        await until(lambda: snapshot_has(engine, dllm_requests_running=1, dllm_requests_waiting=1))
+        with pytest.raises(EngineOverloaded):  # one running + one waiting: full
+            await engine.agenerate(messages=SHORT, params=params)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        steps.permits.release()  # one step, then the scheduler's next admission pass, then the next step
+        await asyncio.to_thread(steps.wait_for_arrival, 2)
+        assert snapshot_has(engine, dllm_requests_running=1, dllm_requests_waiting=0, dllm_requests_cancelled_total=1)
+        accepted = asyncio.create_task(engine.agenerate(messages=SHORT, params=params))  # would be a 429
+        await until(lambda: snapshot_has(engine, dllm_requests_waiting=1))
+        steps.run_freely()
+        return await asyncio.gather(running, accepted)
+
+    results = run(scenario())
+    engine.shutdown()
+    assert results == [
+        fixture_engine.generate(messages=MEDIUM, params=long_params),
+        fixture_engine.generate(messages=SHORT, params=params),
+    ]
+
+
 def test_invalid_requests_fail_before_any_event(fixture_engine):
     engine = fresh(fixture_engine)
     too_long = SamplingParams(gen_length=engine.max_sequence_length)
@@ -523,6 +553,27 @@ def test_requests_wait_for_kv_cache_memory_and_uncached_ones_do_not(fixture_engi
     assert max(sum(r.uses_kv_cache for r in batch) for batch in recorder.batches) == 1
     assert any(len(batch) == 3 for batch in recorder.batches)  # the uncached ones ran beside the first cache
     assert engine.stats.snapshot()["dllm_kv_cache_bytes"] == 0
+
+
+def test_caches_that_fill_the_budget_exactly_run_together(fixture_engine, monkeypatch):
+    cached = SamplingParams(gen_length=32, block_length=8, num_denoising_steps=16, kv_cache="prefix")
+    engine = fresh(fixture_engine, kv_cache_budget_bytes=2 * cache_bytes(fixture_engine, SHORT, cached))
+    steps = StepByStep(engine)
+    monkeypatch.setattr(engine, "step", steps)
+
+    async def scenario():
+        first = asyncio.create_task(engine.agenerate(messages=SHORT, params=cached))
+        await asyncio.to_thread(steps.wait_for_arrival, 1)  # running, its first step held
+        second = asyncio.create_task(engine.agenerate(messages=SHORT, params=cached))
+        await until(lambda: snapshot_has(engine, dllm_requests_waiting=1))
+        steps.run_freely()  # the second is admitted at the next iteration: 2 caches = the whole budget
+        return await asyncio.gather(first, second)
+
+    results = run(scenario())
+    engine.shutdown()
+    assert results == [fixture_engine.generate(messages=SHORT, params=cached)] * 2
+    sizes = [len(batch) for batch in steps.batches]
+    assert sizes[0] == 1 and 2 in sizes  # alone at first, then together (with one byte less, never)
 
 
 def test_a_cache_larger_than_the_whole_budget_is_refused_up_front(fixture_engine):

@@ -35,6 +35,12 @@ def test_worked_examples_of_the_design():
     assert block_quotas("cosine", 32, 8) == [1, 2, 3, 4, 5, 5, 6, 6]
 
 
+def test_a_tied_leftover_token_goes_to_the_earlier_step():
+    # front_loaded, 4 tokens in 2 steps: one each, and the 2 spare ones shared 3/4 : 1/4 = 1.5 : 0.5. The floors
+    # take 1, the leftover token has two equal remainders (0.5, 0.5) and goes to step 0: [1 + 2, 1 + 0].
+    assert block_quotas("front_loaded", 4, 2) == [3, 1]
+
+
 @pytest.mark.parametrize(("schedule", "direction"), [("front_loaded", -1), ("cosine", 1), ("uniform", -1)])
 def test_shapes_are_monotone(schedule, direction):
     for n in (16, 32, 64, 100, 256):

@@ -59,3 +59,18 @@ def test_the_cut_is_the_earliest_stop_however_the_prefix_grows():
     assert text.update([0, 1, 2, 3], complete=False) == "x"  # "sid" may still become "sidH3H"
     assert not text.stopped
     assert text.update([0, 1, 2, 3, 4], complete=False) == "s" and text.stopped
+
+
+def test_a_stop_string_that_occurs_twice_cuts_at_its_first_occurrence():
+    assert cut_at_stop("b-a-n-a-n-a", ["-"]) == ("b", True)
+    assert cut_at_stop("x END y END", ["END", "y"]) == ("x ", True)
+    text = IncrementalText(byte_decoder([c.encode() for c in "b-a-n-a-n-a"]), stop=["-"])
+    assert text.update(list(range(11)), complete=False) == "b" and text.stopped
+
+
+def test_a_final_stop_string_ends_the_request_at_once():
+    # "ab" is complete at 1; "abc" could still complete, but it would start at 1 too, so nothing can move the
+    # cut: the request stops now instead of waiting for another token.
+    text = IncrementalText(byte_decoder([b"x", b"a", b"b"]), stop=["ab", "abc"])
+    assert text.update([0, 1, 2], complete=False) == "x"
+    assert text.stopped
