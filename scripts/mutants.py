@@ -187,7 +187,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "return top2[:, 0] - top2[:, 1]",
         "return top2[:, 0]",
         'the "margin" metric is p1 − p2 (Dream\'s topk_margin), not p1',
-        ("tests/test_sampler_knobs.py::test_confidence_metrics", "tests/test_dream_reference.py"),
+        (
+            "tests/test_sampler_knobs.py::test_margin_is_the_lead_of_the_best_token_over_the_runner_up",
+            "tests/test_dream_reference.py",
+        ),
     ),
     Mutant(
         "metric-entropy-sign",
