@@ -249,7 +249,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "(text.find(s) for s in stop)",
         "(text.rfind(s) for s in stop)",
         "the text is cut at the first occurrence of a stop string",
-        ("tests/test_text.py",),
+        ("tests/test_text.py", "tests/test_http_protocol.py::test_stop_string_cuts_the_text_at_its_first_occurrence"),
     ),
     Mutant(
         "text-stop-latest-string",

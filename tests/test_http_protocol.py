@@ -71,7 +71,9 @@ def test_omitted_seed_is_reported_and_reproduces_the_output(service_client):
 def test_stop_string_cuts_the_text_at_its_first_occurrence(service_client):
     # The stop string comes from the served model's own answer, computed here rather than assumed: a character it
     # repeats, so that a cut at a later occurrence would show. The prompt asks for a spelled word for that reason.
-    body = {"messages": [{"role": "user", "content": "Spell banana."}], "max_tokens": 16}
+    # One denoising step makes the whole answer final at once: one token at a time, the first occurrence would end
+    # the request before a second one existed, and a cut at the last occurrence could not be told apart.
+    body = {"messages": [{"role": "user", "content": "Spell banana."}], "max_tokens": 16, "num_denoising_steps": 1}
     text = service_client.post(URL, json=body).json()["choices"][0]["message"]["content"]
     repeated = [c for c in dict.fromkeys(text) if not c.isspace() and text.count(c) >= 2]
     assert repeated, f"the prompt should draw an answer that repeats a character; the served model said {text!r}"
