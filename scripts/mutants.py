@@ -368,7 +368,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kv-cache-aliases-the-batch-buffer",
         BATCH,
-        "own if lone is not None and key_width == own.shape[-2] else own.clone()",
+        "own if lone is not None else own.clone()",
         "own",
         "a request's cache holds its own memory, not a view that keeps the whole batch's buffer alive",
         (f"{FAST_DLLM}::test_a_cache_taken_from_a_shared_forward_holds_only_its_own_memory",),
