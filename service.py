@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dllm_serve")
 
-settings = ServerSettings.from_env()
+try:
+    settings = ServerSettings.from_env()
+except ValueError as error:
+    raise SystemExit(f"dllm-serve: invalid configuration: {error}") from None
 drain = Drain(settings.shutdown_grace_s)
 app = create_app()
 
@@ -93,7 +96,8 @@ class DiffusionLLMService:
         result = subprocess.run(check, cwd=Path(__file__).parent, capture_output=True, text=True)
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines()
-            raise RuntimeError(f"invalid configuration: {lines[-1] if lines else 'exit ' + str(result.returncode)}")
+            # SystemExit: the message is the whole story, a traceback of BentoML's serve command would bury it.
+            raise SystemExit(f"dllm-serve: invalid configuration: {lines[-1] if lines else result.returncode}")
 
     @bentoml.on_startup
     def load_engine(self) -> None:
@@ -123,7 +127,8 @@ class DiffusionLLMService:
         )
         self.engine = engine
         # On the serving loop's thread: SIGTERM now drains before uvicorn's own handler runs (api/drain.py).
-        drain.intercept_signals(asyncio.get_event_loop(), on_grace_expired=self.stop_engine)
+        if drain.intercept_signals(asyncio.get_event_loop(), on_grace_expired=self.stop_engine):
+            logger.info("SIGTERM drains: running requests get up to %gs (DLLM_SHUTDOWN_GRACE_S)", drain.grace_s)
 
     def __is_ready__(self) -> bool:
         return self.engine is not None and not drain.draining
