@@ -92,7 +92,7 @@ class DiffusionLLMService:
 
         It runs in a child process so that the long-lived `bentoml serve` process does not import torch.
         """
-        check = [sys.executable, "-c", "import service; service.check_engine_configuration()"]
+        check = [sys.executable, "-c", CHECK_IN_CHILD]
         result = subprocess.run(check, cwd=Path(__file__).parent, capture_output=True, text=True)
         if result.returncode != 0:
             lines = result.stderr.strip().splitlines()
@@ -152,6 +152,16 @@ if settings.cors_origins:
 DiffusionLLMService.add_asgi_middleware(RequestGuard, drain=drain, body_timeout_s=settings.body_timeout_s)
 
 
+# Run by `check_configuration` in a child process: the error's message alone on stderr, exit status 1.
+CHECK_IN_CHILD = """
+import service
+try:
+    service.check_engine_configuration()
+except (ValueError, OSError) as error:
+    raise SystemExit(str(error))
+"""
+
+
 def check_engine_configuration() -> None:
     """Raise (ValueError, FileNotFoundError) on an engine setting that `load_engine` would refuse.
 
@@ -174,7 +184,10 @@ def check_engine_configuration() -> None:
         except RuntimeError as error:
             raise ValueError(f"DLLM_DEVICE={device!r}: {error}") from None
     model = os.environ.get("DLLM_MODEL") or None
-    local = local_model_dir(model)  # None for a hub id
+    try:
+        local = local_model_dir(model)  # None for a hub id
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"DLLM_MODEL={model!r}: {error}") from None
     if local is not None:
         try:
             read_config(local)
