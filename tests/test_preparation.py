@@ -97,9 +97,10 @@ def test_a_trimming_template_counts_only_what_it_keeps(fixture_engine):
     engine = fresh(fixture_engine)
     padded = " " * 1_000_000 + "hi" + "\n" * 1_000_000
     assert engine.check_prompt_size(user(padded), params=PARAMS) == 2
-    assert engine.generate(messages=user(padded), params=PARAMS).text == engine.generate(
-        messages=user("hi"), params=PARAMS
-    ).text
+    assert (
+        engine.generate(messages=user(padded), params=PARAMS).text
+        == engine.generate(messages=user("hi"), params=PARAMS).text
+    )
 
 
 def test_token_ids_are_bounded_by_their_count(fixture_engine):

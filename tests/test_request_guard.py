@@ -69,6 +69,15 @@ def test_the_connection_cap_stays_below_the_descriptor_limit(monkeypatch):
     assert default_max_connections() == DEFAULT_MAX_CONNECTIONS
 
 
+def test_every_setting_is_documented_in_the_deploy_guide():
+    from engine.scheduler import SchedulerConfig
+    from tests.fixture_paths import REPO_ROOT
+
+    guide = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    for variable in [*ServerSettings.ENV_VARS.values(), *SchedulerConfig.ENV_VARS.values()]:
+        assert f"| `{variable}` |" in guide, variable
+
+
 @pytest.mark.parametrize(
     ("content_type", "accepted"),
     [
