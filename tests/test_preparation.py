@@ -44,8 +44,9 @@ def adversarial_texts(tokenizer) -> list[str]:
     """Texts that pack the most characters into the fewest tokens: the vocabulary's longest tokens
     repeated, long whitespace runs, and characters that normalizers compose or tokenizers split."""
     hf = tokenizer.hf
-    longest = sorted(hf.get_vocab(), key=len, reverse=True)[:20]
-    texts = [hf.convert_tokens_to_string([token]) * 40 for token in longest]
+    added = {token.content for token in hf.added_tokens_decoder.values()}  # user text splits these
+    longest = sorted((t for t in hf.get_vocab() if t not in added), key=len, reverse=True)[:20]
+    texts = [hf.convert_tokens_to_string([token]) * 400 for token in longest]
     texts += [" " * 3000, "\n" * 3000, "\t \n" * 500, "a " * 1500, "a" * 3000, "ab" * 1500]
     texts += ["e\u0301" * 500, "\u1100\u1161\u11a8" * 300, "\u03b1\u0314\u0301\u0345" * 200]  # NFC composes
     texts += ["日本語のテキスト" * 200, "🙂" * 500, "<|mdm_mask|><|im_end|>" * 100]
@@ -153,23 +154,37 @@ def test_a_short_prompt_is_not_delayed_by_a_long_one_being_tokenized(fixture_eng
 
 
 def test_requests_being_prepared_count_against_the_capacity(fixture_engine, monkeypatch):
-    engine = fresh(fixture_engine, max_batch_size=1, max_waiting=1)
+    """Capacity 3: one request running, two being prepared; the next is refused although the stage itself
+    (3 places) still has room."""
+    engine = fresh(fixture_engine, max_batch_size=2, max_waiting=1)
     gated = GatedTokenizer(engine, monkeypatch, prefix="held")
+    stepping = threading.Event()
+    real_step = engine.step
+
+    def gated_step(requests):
+        assert stepping.wait(HANG_GUARD_S)
+        return real_step(requests)
+
+    monkeypatch.setattr(engine, "step", gated_step)
 
     async def scenario():
+        running = asyncio.ensure_future(engine.agenerate(messages=user("hi"), params=PARAMS))
+        while engine.stats.snapshot()["dllm_requests_running"] < 1:
+            await asyncio.sleep(0.005)
         held = [asyncio.ensure_future(engine.agenerate(messages=user(f"held {i}"), params=PARAMS)) for i in range(2)]
         await asyncio.sleep(0)  # both admitted to the stage (the second queues behind the first's thread)
         assert engine.stats.snapshot()["dllm_requests_preparing"] == 2
-        with pytest.raises(EngineOverloaded, match="2 being prepared"):
+        with pytest.raises(EngineOverloaded, match="1 requests running, 0 waiting, 2 being prepared"):
             await engine.agenerate(messages=user("hi"), params=PARAMS)
         gated.gate.set()
-        return await asyncio.gather(*held)
+        stepping.set()
+        return await asyncio.gather(running, *held)
 
     results = run(scenario())
     engine.shutdown()
-    assert len(results) == 2
+    assert len(results) == 3
     stats = engine.stats.snapshot()
-    assert stats["dllm_requests_overloaded_total"] == 1 and stats["dllm_requests_total"] == 2
+    assert stats["dllm_requests_overloaded_total"] == 1 and stats["dllm_requests_total"] == 3
     assert stats["dllm_requests_preparing"] == 0
 
 
