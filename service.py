@@ -127,7 +127,7 @@ class DiffusionLLMService:
         )
         self.engine = engine
         # On the serving loop's thread: SIGTERM now drains before uvicorn's own handler runs (api/drain.py).
-        if drain.intercept_signals(asyncio.get_event_loop(), on_grace_expired=self.stop_engine):
+        if drain.intercept_signals(asyncio.get_running_loop(), on_grace_expired=self.stop_engine):
             logger.info("SIGTERM drains: running requests get up to %gs (DLLM_SHUTDOWN_GRACE_S)", drain.grace_s)
 
     def __is_ready__(self) -> bool:
