@@ -45,6 +45,14 @@ def invalid_parameter_error(error: InvalidParameter, chat: ChatCompletionRequest
     return APIError.invalid_value(param, message.rstrip(".") + ".")
 
 
+def stopped_engine_error(error: Exception) -> APIError | None:
+    """The 503 for a request the engine dropped because it is stopping (the end of a drain's grace period);
+    None for any other failure."""
+    from engine.errors import EngineShutdown
+
+    return APIError.shutting_down() if isinstance(error, EngineShutdown) else None
+
+
 def engine_error(error: Exception, chat: ChatCompletionRequest) -> APIError | None:
     """The HTTP error for what the engine raised before a request's first event; None: a server fault,
     to be answered with a 500 (a ValueError from a bug in the engine is one too, not a 400)."""

@@ -1,4 +1,5 @@
-"""Pure ASGI middlewares: the request context, and the response-start timeout that replaces BentoML's.
+"""Pure ASGI middlewares: the request context, the request guard, and the response-start timeout that
+replaces BentoML's.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would buffer streams and hide client
 disconnects.
@@ -16,6 +17,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.drain import Drain
 from api.errors import client_gone, error_response
 from schemas.errors import APIError
 from schemas.request_id import REQUEST_ID_HEADER, is_valid_request_id, new_request_id
@@ -86,6 +88,97 @@ class RequestContextMiddleware:
                 f" user={state['user']!r}" if state.get("user") else "",
                 " (client disconnected)" if state.get("disconnected") else "",
             )
+
+
+# Served while the server drains: the probes must keep telling the truth, and metrics keep being scraped.
+PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
+# Methods whose body the server reads: it must be JSON.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def is_json(content_type: str | None) -> bool:
+    """`application/json`, with no parameter but an optional UTF-8 charset (JSON is UTF-8, RFC 8259)."""
+    if not content_type:
+        return False
+    media_type, *parameters = (part.strip().lower() for part in content_type.split(";"))
+    return media_type == "application/json" and all(p in ("", "charset=utf-8", 'charset="utf-8"') for p in parameters)
+
+
+class RequestGuard:
+    """What every request passes before it is routed (the service installs it around the whole app).
+
+    - While the server drains (api/drain.py), a new request gets a 503 `shutting_down` with
+      `Retry-After`; the probes and /metrics are still served. The others are counted as running.
+    - A POST, PUT or PATCH must carry `Content-Type: application/json`, else a 415. A body in any other
+      type is refused unread: without it, any web page could make a browser send work here with a CORS
+      "simple request" (text/plain or a form), which needs no preflight.
+    - The body must arrive within `body_timeout_s` of the request's start, else a 408 that closes the
+      connection, so a slow or stalled upload cannot hold a request open; one still arriving when the drain
+      begins gets the 503 instead.
+    Its own refusals carry X-Request-ID and are logged like any request (through RequestContextMiddleware).
+    """
+
+    def __init__(self, app: ASGIApp, drain: Drain, body_timeout_s: float):
+        self.app = app
+        self.drain = drain
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining and scope["path"] not in PROBE_PATHS:
+            await self._refuse(APIError.shutting_down(), scope, receive, send)
+            return
+        content_type = Headers(scope=scope).get("content-type")
+        if scope["method"] in BODY_METHODS and not is_json(content_type):
+            await self._refuse(APIError.unsupported_media_type(content_type), scope, receive, send)
+            return
+        started = {"response": False}
+
+        async def send_and_mark(message: Message) -> None:
+            started["response"] = True
+            await send(message)
+
+        with self.drain.track():
+            try:
+                await self.app(scope, self._body_in_time(receive), send_and_mark)
+            except APIError as error:  # raised by the receive below, in an app that did not answer it itself
+                if started["response"]:
+                    raise
+                await self._refuse(error, scope, receive, send)
+
+    def _body_in_time(self, receive: Receive) -> Receive:
+        """`receive`, but while the body is arriving each wait ends at the body's deadline or the drain."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        body_done = False
+
+        async def receive_in_time() -> Message:
+            nonlocal body_done
+            if body_done:  # later receives wait for the disconnect: that wait is the app's business
+                return await receive()
+            message_task = asyncio.ensure_future(receive())
+            drain_task = asyncio.ensure_future(self.drain.begun.wait())
+            try:
+                remaining = max(0.0, deadline - loop.time())
+                await asyncio.wait({message_task, drain_task}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                drain_task.cancel()
+            if not message_task.done():
+                message_task.cancel()
+                if self.drain.draining:
+                    raise APIError.shutting_down()
+                raise APIError.request_timeout(self.body_timeout_s)
+            message = message_task.result()
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        return receive_in_time
+
+    @staticmethod
+    async def _refuse(error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+        await RequestContextMiddleware(error_response(error))(scope, receive, send)
 
 
 class ResponseStartTimeout:

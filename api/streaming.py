@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from starlette.requests import Request
 
-from api.errors import engine_error
+from api.errors import engine_error, stopped_engine_error
 from schemas.chat import ChatCompletionRequest
 from schemas.errors import APIError
 from schemas.responses import SSE_DONE, ChunkBuilder
@@ -33,9 +33,9 @@ T = TypeVar("T")
 DEFAULT_MAX_REQUEST_BYTES = 2 * 2**20
 
 
-def max_request_bytes() -> int:
+def max_request_bytes(environ: Mapping[str, str] | None = None) -> int:
     """DLLM_MAX_REQUEST_BYTES, else the default; checked at startup, read per request like the API key."""
-    raw = os.environ.get("DLLM_MAX_REQUEST_BYTES", "").strip()
+    raw = (os.environ if environ is None else environ).get("DLLM_MAX_REQUEST_BYTES", "").strip()
     if not raw:
         return DEFAULT_MAX_REQUEST_BYTES
     if not raw.isdigit() or int(raw) < 1:
@@ -82,6 +82,11 @@ async def last_result(events: AsyncGenerator[StepEvent, None], first: StepEvent)
             event = await anext(events)
         assert event.result is not None  # set on every finished event
         return event.result
+    except Exception as error:
+        stopped = stopped_engine_error(error)
+        if stopped is None:
+            raise
+        raise stopped from None
     finally:
         await events.aclose()
 
@@ -136,9 +141,11 @@ async def sse_stream(
     except asyncio.CancelledError:
         request.state.disconnected = True
         raise
-    except Exception:  # after the 200 has gone out, an error can only travel inside the stream
-        logger.exception("request %s failed mid-stream", request.state.request_id)
-        yield chunks.error(APIError.internal(request.state.request_id))
+    except Exception as error:  # after the 200 has gone out, an error can only travel inside the stream
+        stopped = stopped_engine_error(error)
+        if stopped is None:
+            logger.exception("request %s failed mid-stream", request.state.request_id)
+        yield chunks.error(stopped or APIError.internal(request.state.request_id))
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()

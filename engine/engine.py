@@ -13,7 +13,6 @@ import dataclasses
 import operator
 import threading
 from collections.abc import AsyncGenerator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from engine.errors import InvalidParameter
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.memory import default_kv_cache_budget, mebibytes
 from engine.params import SamplingParams
+from engine.preparation import PreparationStage
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.stats import EngineStats
@@ -37,6 +37,14 @@ def _token_id(value) -> int:
     if isinstance(value, bool):
         raise TypeError("a bool is not a token id")
     return operator.index(value)
+
+
+def _too_long(prompt_tokens: int, canvas: int, max_sequence_length: int) -> InvalidParameter:
+    return InvalidParameter(
+        "gen_length",
+        f"the prompt ({prompt_tokens} tokens) plus the canvas ({canvas} tokens) is {prompt_tokens + canvas} "
+        f"tokens, more than the model's maximum sequence length ({max_sequence_length})",
+    )
 
 
 class DiffusionEngine:
@@ -62,8 +70,8 @@ class DiffusionEngine:
         self.stats.set_kv_cache_budget(config.kv_cache_budget_bytes)
         self._scheduler: Scheduler | None = None  # started by the first request
         self._scheduler_lock = threading.Lock()
-        # Tokenizes async requests off the event loop (see `astream`); one thread keeps them in call order.
-        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dllm-prepare")
+        # Tokenizes async requests off the event loop, bounded (see `astream` and engine/preparation.py).
+        self._preparation = PreparationStage(config, self.stats)
 
     @classmethod
     def from_pretrained(
@@ -104,10 +112,12 @@ class DiffusionEngine:
         return self.model.config.family
 
     def prompt_ids(self, messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None) -> list[int]:
-        if (messages is None) == (prompt_token_ids is None):
-            raise ValueError("pass exactly one of messages= or prompt_token_ids=")
         if prompt_token_ids is not None:
             return self._checked_token_ids(prompt_token_ids)
+        self._check_messages(messages)
+        return self.tokenizer.encode_chat(messages)
+
+    def _check_messages(self, messages: list[dict] | None) -> None:
         if not messages:
             raise InvalidParameter("messages", "must contain at least one message")
         for message in messages:
@@ -117,7 +127,49 @@ class DiffusionEngine:
                 or not isinstance(message.get("content"), str)
             ):
                 raise InvalidParameter("messages", f"each message needs a role in {CHAT_ROLES} and string content")
-        return self.tokenizer.encode_chat(messages)
+
+    def check_prompt_size(
+        self,
+        messages: list[dict] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        params: SamplingParams | None = None,
+    ) -> int:
+        """Refuse, without tokenizing, a prompt too long for any tokenization of it to fit; return its length.
+
+        The length is in characters (messages, as the tokenizer will see them) or token ids. A token stands
+        for at most `tokenizer.max_chars_per_token` characters, so a prompt longer than that many times the
+        tokens left beside the canvas can only tokenize to too many (engine/tokenizer.py says why the bound
+        holds). The bound errs one way only: it never refuses a prompt that fits, and a prompt under it may
+        still be refused once tokenized. It costs a few string lengths, so it runs before the tokenizer.
+        """
+        if (messages is None) == (prompt_token_ids is None):
+            raise ValueError("pass exactly one of messages= or prompt_token_ids=")
+        canvas = (params or SamplingParams()).gen_length
+        room = self.max_sequence_length - canvas  # tokens left for the prompt
+        if room < 1:
+            raise InvalidParameter(
+                "gen_length",
+                f"the canvas ({canvas} tokens) leaves no room for the prompt in the model's maximum sequence "
+                f"length ({self.max_sequence_length})",
+            )
+        if prompt_token_ids is not None:
+            if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__len__"):
+                raise InvalidParameter("prompt_token_ids", "must be a list of integer token ids")
+            length = len(prompt_token_ids)
+            if length > room:
+                raise _too_long(length, canvas, self.max_sequence_length)
+            return length
+        self._check_messages(messages)
+        length = sum(self.tokenizer.content_chars(message["content"]) for message in messages)
+        per_token = self.tokenizer.max_chars_per_token
+        if per_token is not None and length > room * per_token:
+            raise InvalidParameter(
+                "messages",
+                f"the prompt is {length} characters long, more than any prompt that fits can be: the model's "
+                f"maximum sequence length ({self.max_sequence_length} tokens) leaves {room} tokens beside the "
+                f"canvas ({canvas}), at most {room * per_token} characters with this tokenizer",
+            )
+        return length
 
     def _checked_token_ids(self, values) -> list[int]:
         # Checked here, not left to the embedding: an out-of-range id would fail the shared forward, and
@@ -155,14 +207,11 @@ class DiffusionEngine:
             raise InvalidParameter(
                 "kv_cache", f'is not supported for {self.family} models yet; use "none" (confidence_threshold works)'
             )
+        self.check_prompt_size(messages, prompt_token_ids, params)
         ids = self.prompt_ids(messages, prompt_token_ids)
         total = len(ids) + params.gen_length
         if total > self.max_sequence_length:
-            raise InvalidParameter(
-                "gen_length",
-                f"the prompt ({len(ids)} tokens) plus the canvas ({params.gen_length} tokens) is {total} tokens, "
-                f"more than the model's maximum sequence length ({self.max_sequence_length})",
-            )
+            raise _too_long(len(ids), params.gen_length, self.max_sequence_length)
         cache_bytes = self.model.kv_bytes(total) if params.kv_cache != "none" else 0
         budget = self.scheduler_config.kv_cache_budget_bytes
         if cache_bytes > budget:
@@ -243,12 +292,15 @@ class DiffusionEngine:
         queue full), EngineShutdown. Later: the exception the request's step raised. Leaving the loop
         early, `aclose()` or cancelling the task frees the request's batch slot at the next step.
         """
-        # Tokenizing takes time that grows with the prompt (seconds for megabytes of text), so it runs on the
-        # engine's one preparation thread (the tokenizer releases the GIL) and the event loop keeps serving
-        # other requests meanwhile. Validation errors still surface before any event, and one thread
-        # queues requests in call order.
+        # Tokenizing takes time that grows with the prompt, so it runs in the preparation stage (off the event
+        # loop, bounded: engine/preparation.py). What its length alone refuses is refused here first, at the
+        # cost of a few string lengths. Validation errors still surface before any event.
         loop = asyncio.get_running_loop()
-        request = await loop.run_in_executor(self._preparer, self.new_request, messages, prompt_token_ids, params)
+        prompt_chars = self.check_prompt_size(messages, prompt_token_ids, params)
+        scheduler = self._running_scheduler()
+        request = await self._preparation.run(
+            prompt_chars, scheduler.load(), lambda: self.new_request(messages, prompt_token_ids, params)
+        )
         handle = self._running_scheduler().submit(request, loop)
         try:
             while True:

@@ -22,15 +22,17 @@ class InvalidParameter(ValueError):
 
 
 class EngineOverloaded(RuntimeError):
-    """The waiting queue is full: the caller should retry later (HTTP 429)."""
+    """The engine holds all the requests it accepts (running, waiting, being prepared): retry later (HTTP 429)."""
 
-    def __init__(self, running: int, waiting: int, max_batch_size: int, max_waiting: int):
+    def __init__(self, running: int, waiting: int, max_batch_size: int, max_waiting: int, preparing: int = 0):
+        being_prepared = f", {preparing} being prepared" if preparing else ""
         super().__init__(
-            f"the engine is at capacity ({running} requests running, {waiting} waiting; "
+            f"the engine is at capacity ({running} requests running, {waiting} waiting{being_prepared}; "
             f"max_batch_size={max_batch_size}, max_waiting={max_waiting}); retry later"
         )
         self.running = running
         self.waiting = waiting
+        self.preparing = preparing
 
 
 class EngineShutdown(RuntimeError):

@@ -24,8 +24,9 @@ EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-l
 _CHECKPOINT_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja", "merges.txt"]
 
 
-def resolve_model_dir(path_or_hub_id: str | Path | None) -> Path:
-    """A local directory as is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
+def local_model_dir(path_or_hub_id: str | Path | None) -> Path | None:
+    """The local directory named (the embedded model for None); None for a hub id; FileNotFoundError for a
+    path that does not exist."""
     if path_or_hub_id is None:
         return EMBEDDED_MODEL_DIR
     local = Path(path_or_hub_id).expanduser()
@@ -33,6 +34,14 @@ def resolve_model_dir(path_or_hub_id: str | Path | None) -> Path:
         return local
     if local.is_absolute() or str(path_or_hub_id).startswith((".", "~")) or str(path_or_hub_id).count("/") != 1:
         raise FileNotFoundError(f"model directory {path_or_hub_id!r} does not exist (and is not a hub id 'org/name')")
+    return None
+
+
+def resolve_model_dir(path_or_hub_id: str | Path | None) -> Path:
+    """A local directory as is; anything else is a hub id fetched (or found in the cache) by huggingface_hub."""
+    local = local_model_dir(path_or_hub_id)
+    if local is not None:
+        return local
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(repo_id=str(path_or_hub_id), allow_patterns=_CHECKPOINT_FILES))

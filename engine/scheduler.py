@@ -56,16 +56,21 @@ class SchedulerConfig:
     kv_cache_budget_bytes: the KV-cache memory that running requests may hold together; a request whose
         cache does not fit waits (first come, first served). None: the engine picks one for its device
         (`engine.memory.default_kv_cache_budget`).
+    max_preparing: async requests being tokenized or queued for it (engine/preparation.py) at most; one
+        more raises EngineOverloaded. They also count against `capacity`. None: `capacity`.
     """
 
     max_batch_size: int = 8
     max_waiting: int = 256
     max_wait_ms: float = 0.0
     kv_cache_budget_bytes: int | None = None
+    max_preparing: int | None = None
 
     def __post_init__(self) -> None:
-        for name, minimum in (("max_batch_size", 1), ("max_waiting", 0)):
+        for name, minimum in (("max_batch_size", 1), ("max_waiting", 0), ("max_preparing", 1)):
             value = getattr(self, name)
+            if name == "max_preparing" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"SchedulerConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
         budget = self.kv_cache_budget_bytes
@@ -80,12 +85,22 @@ class SchedulerConfig:
         "max_waiting": "DLLM_MAX_WAITING",
         "max_wait_ms": "DLLM_MAX_WAIT_MS",
         "kv_cache_budget_bytes": "DLLM_KV_CACHE_BUDGET_MB",
+        "max_preparing": "DLLM_MAX_PREPARING",
     }
+
+    @property
+    def capacity(self) -> int:
+        """Requests the engine holds at once (running, waiting, and being prepared); one more is refused."""
+        return self.max_batch_size + self.max_waiting
+
+    @property
+    def preparing_limit(self) -> int:
+        return self.capacity if self.max_preparing is None else min(self.max_preparing, self.capacity)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SchedulerConfig:
-        """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING, DLLM_MAX_WAIT_MS and
-        DLLM_KV_CACHE_BUDGET_MB (MiB)."""
+        """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING, DLLM_MAX_WAIT_MS,
+        DLLM_KV_CACHE_BUDGET_MB (MiB) and DLLM_MAX_PREPARING."""
         environ = os.environ if environ is None else environ
         values: dict = {}
         for name, var in cls.ENV_VARS.items():
@@ -246,8 +261,9 @@ class Scheduler:
         with self._cond:
             if self._stopping or not self._thread.is_alive():
                 raise EngineShutdown("the engine is shutting down and accepts no new requests")
-            waiting, capacity = len(self._waiting), self.config.max_batch_size + self.config.max_waiting
+            waiting, capacity = len(self._waiting), self.config.capacity
             if self._running + waiting >= capacity:
+                self.stats.request_overloaded()
                 raise EngineOverloaded(self._running, waiting, self.config.max_batch_size, self.config.max_waiting)
             handle = RequestHandle(request, loop, self, next(self._order), every_event)
             self._waiting.append(handle)
@@ -255,6 +271,11 @@ class Scheduler:
             self._publish_sizes()
             self._cond.notify()
         return handle
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting): the requests accepted and not finished."""
+        with self._cond:
+            return self._running, len(self._waiting)
 
     def wake(self) -> None:
         with self._cond:

@@ -53,10 +53,12 @@ def _number(value: float) -> str:
 METRICS = {
     "dllm_requests_running": ("gauge", "Requests admitted to the scheduler and being denoised."),
     "dllm_requests_waiting": ("gauge", "Requests accepted but not yet admitted (waiting for a batch slot)."),
+    "dllm_requests_preparing": ("gauge", "Requests being tokenized and validated, or queued for it."),
     "dllm_kv_cache_bytes": ("gauge", "KV-cache memory reserved by running requests (kv_cache prefix or dual)."),
     "dllm_kv_cache_budget_bytes": ("gauge", "KV-cache memory running requests may reserve together."),
     "dllm_requests_total": ("counter", "Requests accepted by the scheduler (rejected-as-overloaded excluded)."),
     "dllm_requests_cancelled_total": ("counter", "Requests cancelled by their consumer (client disconnect)."),
+    "dllm_requests_overloaded_total": ("counter", "Requests refused because the engine was at capacity (HTTP 429)."),
     "dllm_forward_passes_total": ("counter", "Model forward passes run by the scheduler (one per step)."),
     "dllm_tokens_committed_total": ("counter", "Canvas tokens committed, over all requests and steps."),
     "dllm_batch_size": ("histogram", "Requests sharing each forward pass."),
@@ -69,16 +71,26 @@ class EngineStats:
         self._lock = threading.Lock()
         self.requests_running = 0
         self.requests_waiting = 0
+        self.requests_preparing = 0
         self.kv_cache_bytes = 0
         self.kv_cache_budget_bytes = 0
         self.requests_total = 0
         self.requests_cancelled_total = 0
+        self.requests_overloaded_total = 0
         self.forward_passes_total = 0
         self.tokens_committed_total = 0
         self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
         self.request_duration_seconds = Histogram(DURATION_BUCKETS_S)
 
-    # --- written by the scheduler -------------------------------------------------------------------
+    # --- written by the scheduler and the preparation stage ---------------------------------------------
+
+    def set_preparing(self, preparing: int) -> None:
+        with self._lock:
+            self.requests_preparing = preparing
+
+    def request_overloaded(self) -> None:
+        with self._lock:
+            self.requests_overloaded_total += 1
 
     def request_accepted(self) -> None:
         with self._lock:
@@ -116,10 +128,12 @@ class EngineStats:
             out: dict = {
                 "dllm_requests_running": self.requests_running,
                 "dllm_requests_waiting": self.requests_waiting,
+                "dllm_requests_preparing": self.requests_preparing,
                 "dllm_kv_cache_bytes": self.kv_cache_bytes,
                 "dllm_kv_cache_budget_bytes": self.kv_cache_budget_bytes,
                 "dllm_requests_total": self.requests_total,
                 "dllm_requests_cancelled_total": self.requests_cancelled_total,
+                "dllm_requests_overloaded_total": self.requests_overloaded_total,
                 "dllm_forward_passes_total": self.forward_passes_total,
                 "dllm_tokens_committed_total": self.tokens_committed_total,
             }

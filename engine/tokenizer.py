@@ -65,6 +65,7 @@ class ChatTokenizer:
         specials = sorted((t.content for t in hf_tokenizer.added_tokens_decoder.values() if t.special), key=len)
         self._special_ids = {token: hf_tokenizer.convert_tokens_to_ids(token) for token in specials}
         self._special_pattern = re.compile("(" + "|".join(re.escape(t) for t in reversed(specials)) + ")")
+        self.max_chars_per_token = _max_chars_per_token(hf_tokenizer)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, config: ModelConfig | None = None) -> ChatTokenizer:
@@ -91,6 +92,10 @@ class ChatTokenizer:
     def _template_trims_content(self) -> bool:
         probe = f"\ue000{uuid.uuid4().hex}\ue001"
         return f" {probe} " not in self._render([{"role": "user", "content": f" {probe} "}])
+
+    def content_chars(self, content: str) -> int:
+        """How many characters of a message's content reach the tokenizer (a trimming template drops its edges)."""
+        return len(content.strip()) if self._trims_content else len(content)
 
     def encode_text(self, text: str) -> list[int]:
         """Plain text to ids; special-token strings inside `text` stay ordinary text."""
@@ -137,3 +142,44 @@ class ChatTokenizer:
     def token_text(self, token_id: int) -> str:
         """The text of one token as shown in stream events (special tokens by name)."""
         return self.hf.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+# Unicode normalizers that can only shorten text by composing characters, with the most code points they
+# merge into one: a canonical decomposition has at most 4 (e.g. U+1F85, Greek alpha with three marks), so
+# NFC and NFKC turn n characters into at least n / 4. Decompositions (NFD, NFKD) only lengthen text.
+_NORMALIZER_SHRINK = {"NFC": 4, "NFKC": 4, "NFD": 1, "NFKD": 1}
+
+
+def _max_chars_per_token(hf_tokenizer) -> int | None:
+    """An upper bound on the input characters one token can stand for; None when the tokenizer allows none.
+
+    In a byte-level BPE vocabulary (LLaDA's and Dream's) a token's string spells its bytes one character per
+    byte, and a character is at least one byte, so a token covers at most len(token string) characters of
+    the text it was cut from. A normalizer that composes characters shortens the text before that, by a
+    bounded factor; one that can delete text (strip, replace, collapse whitespace) gives no bound at all.
+    The engine uses this to refuse, without tokenizing, a prompt too long for any tokenization to fit.
+    """
+    import json
+
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    shrink = _normalizer_shrink(json.loads(backend.to_str()).get("normalizer"))
+    if shrink is None:
+        return None
+    longest = max((len(token) for token in hf_tokenizer.get_vocab()), default=0)
+    return max(1, longest) * shrink
+
+
+def _normalizer_shrink(normalizer: dict | None) -> int | None:
+    if normalizer is None:
+        return 1
+    if normalizer.get("type") == "Sequence":
+        factor = 1
+        for step in normalizer.get("normalizers", []):
+            step_factor = _normalizer_shrink(step)
+            if step_factor is None:
+                return None
+            factor *= step_factor
+        return factor
+    return _NORMALIZER_SHRINK.get(normalizer.get("type"))

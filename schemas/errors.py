@@ -138,8 +138,46 @@ class APIError(Exception):
         )
 
     @classmethod
-    def shutting_down(cls) -> APIError:
-        return cls(503, "The server is shutting down.", type=SERVER_ERROR, code="shutting_down")
+    def shutting_down(cls, retry_after_s: int = 1) -> APIError:
+        # Connection: close, so that the client's next attempt opens a connection, which a load balancer
+        # sends to another replica.
+        return cls(
+            503,
+            "The server is shutting down; retry (another replica will answer).",
+            type=SERVER_ERROR,
+            code="shutting_down",
+            headers={"Retry-After": str(retry_after_s), "Connection": "close"},
+        )
+
+    @classmethod
+    def too_many_connections(cls, retry_after_s: int = 1) -> APIError:
+        return cls(
+            503,
+            "The server has as many connections open as it accepts (DLLM_MAX_CONNECTIONS), all busy; retry shortly.",
+            type=SERVER_ERROR,
+            code="too_many_connections",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+    @classmethod
+    def request_timeout(cls, seconds: float) -> APIError:
+        # The rest of the body may still be on its way: the connection cannot carry another request.
+        return cls(
+            408,
+            f"The request body did not arrive within {seconds:g} s (DLLM_BODY_TIMEOUT_S).",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
+
+    @classmethod
+    def unsupported_media_type(cls, content_type: str | None) -> APIError:
+        sent = f"'{content_type}'" if content_type else "no Content-Type"
+        return cls(
+            415,
+            f"The request body must be JSON, sent with 'Content-Type: application/json'; this request has {sent}.",
+            param="Content-Type",
+            code="unsupported_media_type",
+        )
 
     @classmethod
     def timeout(cls, seconds: float) -> APIError:

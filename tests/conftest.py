@@ -13,6 +13,7 @@ by default the embedded model (models/tiny-llada-chat).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -77,24 +78,55 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def bentoml_server(tmp_path_factory) -> Iterator[str]:
     """Base URL of a real `bentoml serve service:DiffusionLLMService`, ready (GET /readyz is 200)."""
-    import httpx
+    with running_server(tmp_path_factory.mktemp("bentoml-serve")) as server:
+        yield server.base_url
 
+
+class ServerProcess:
+    """A `bentoml serve` subprocess: its base URL, its process (the arbiter) and its log file."""
+
+    def __init__(self, base_url: str, process: subprocess.Popen, log_path):
+        self.base_url = base_url
+        self.process = process
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def worker_pid(self) -> int:
+        """The pid of BentoML's one worker (the process that serves)."""
+        import psutil
+
+        children = psutil.Process(self.process.pid).children(recursive=True)
+        return next(c.pid for c in children if "_bentoml_impl.worker" in " ".join(c.cmdline()))
+
+
+def start_server(workdir, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, object]:
+    """Start `bentoml serve` with the environment plus `env`; returns (process, base URL, log path)."""
     port = _free_port()
-    workdir = tmp_path_factory.mktemp("bentoml-serve")
     log_path = workdir / "serve.log"
-    env = {**os.environ, "BENTOML_HOME": str(workdir / "bentoml-home"), "BENTOML_DO_NOT_TRACK": "true"}
-    env.pop("DLLM_API_KEY", None)
+    full_env = {**os.environ, "BENTOML_HOME": str(workdir / "bentoml-home"), "BENTOML_DO_NOT_TRACK": "true"}
+    full_env.pop("DLLM_API_KEY", None)
+    full_env.update(env or {})
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "bentoml", "serve", "service:DiffusionLLMService", "--host", "127.0.0.1"]
             + ["--port", str(port)],
             cwd=REPO_ROOT,
-            env=env,
+            env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the finalizer stops BentoML's workers too
         )
-    base_url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}", log_path
+
+
+@contextlib.contextmanager
+def running_server(workdir, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A ready `bentoml serve` (GET /readyz is 200), always stopped at the end, even if a test stopped it."""
+    import httpx
+
+    process, base_url, log_path = start_server(workdir, env)
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while True:
@@ -108,13 +140,17 @@ def bentoml_server(tmp_path_factory) -> Iterator[str]:
             if time.monotonic() > deadline:
                 pytest.fail(f"bentoml serve not ready in {SERVER_START_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
             time.sleep(0.5)
-        yield base_url
+        yield ServerProcess(base_url, process, log_path)
     finally:
         _stop_process_group(process)
 
 
 def _stop_process_group(process: subprocess.Popen) -> None:
     if process.poll() is not None:
+        try:  # its worker may have outlived it
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         return
     os.killpg(process.pid, signal.SIGTERM)
     try:

@@ -13,6 +13,7 @@ from tests.sse import sse_events
 
 URL = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
+JSON = {"Content-Type": "application/json"}
 EXTENSION_FIELDS = [
     "num_denoising_steps",
     "block_length",
@@ -203,10 +204,11 @@ def test_invalid_request_id_is_a_400_carrying_a_generated_uuid7(service_client, 
 def test_errors_echo_the_request_id(service_client):
     for response in (
         service_client.post(URL, json={"messages": MESSAGES, "top_p": 1}, headers={"X-Request-ID": "e-1"}),
-        service_client.post(URL, content=b"{", headers={"X-Request-ID": "e-1"}),
+        service_client.post(URL, content=b"{", headers={"X-Request-ID": "e-1", "Content-Type": "application/json"}),
+        service_client.post(URL, content=b"{}", headers={"X-Request-ID": "e-1", "Content-Type": "text/plain"}),
         service_client.get("/v1/nothing-here", headers={"X-Request-ID": "e-1"}),
     ):
-        assert response.status_code in (400, 404)
+        assert response.status_code in (400, 404, 415)
         assert response.headers["X-Request-ID"] == "e-1"
 
 
@@ -271,12 +273,12 @@ def test_oversized_body_is_a_413_before_it_is_parsed(service_client, monkeypatch
     if declared:
         response = service_client.post(URL, content=big, headers={"Content-Type": "application/json"})
     else:  # chunked transfer: no Content-Length, so the limit is enforced while reading
-        response = service_client.post(URL, content=iter([big[:600], big[600:]]))
+        response = service_client.post(URL, content=iter([big[:600], big[600:]]), headers=JSON)
     assert response.status_code == 413
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "request_too_large", None)
     assert "1000 bytes" in error["message"] and response.headers["x-request-id"]
-    assert service_client.post(URL, content=small).status_code == 200  # below the limit: served
+    assert service_client.post(URL, content=small, headers=JSON).status_code == 200  # below the limit: served
 
 
 def test_request_size_limit_setting(monkeypatch):

@@ -18,14 +18,20 @@ MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
 METRIC_NAMES = [
     "dllm_requests_running",
     "dllm_requests_waiting",
+    "dllm_requests_preparing",
     "dllm_kv_cache_bytes",
     "dllm_kv_cache_budget_bytes",
     "dllm_requests_total",
     "dllm_requests_cancelled_total",
+    "dllm_requests_overloaded_total",
     "dllm_forward_passes_total",
     "dllm_tokens_committed_total",
     "dllm_batch_size",
     "dllm_request_duration_seconds",
+    "dllm_connections_open",
+    "dllm_connections_refused_total",
+    "dllm_connections_evicted_total",
+    "dllm_connections_timed_out_total",
 ]
 # Same seed, both transports: the stream must reassemble the non-stream content exactly.
 SAMPLED = {"max_tokens": 24, "block_length": 8, "temperature": 0.8, "seed": 1234}

@@ -30,7 +30,9 @@ def test_engine_imports_nothing_of_the_http_side():
 
 
 def test_http_layer_imports_no_torch_engine_or_bentoml():
-    loaded = modules_after("import api.app, api.errors, api.middleware, api.streaming")
+    loaded = modules_after(
+        "import api.app, api.connections, api.drain, api.errors, api.middleware, api.settings, api.streaming"
+    )
     assert "fastapi" in loaded
     assert not loaded & {"torch", "engine", "transformers", "bentoml"}
 
