@@ -1,7 +1,8 @@
 """The BentoML service: loads the diffusion engine on startup and mounts the OpenAI-compatible app at "/".
 
 Only what BentoML needs lives here: resources and traffic settings, startup and shutdown, readiness and
-metrics. The HTTP layer is the `api` package (start at api/app.py); the engine is `engine`. torch is
+metrics, and BentoML's own API (`generate`, `generate_stream`: thin wrappers of api/native.py). The HTTP
+layer is the `api` package (start at api/app.py); the engine is `engine`. torch is
 imported lazily (in `load_engine`) so that `bentoml build`, which imports this file, stays cheap.
 
 Configuration (environment; docs/deploy.md has the table): DLLM_MODEL (a local directory or hub id;
@@ -23,20 +24,27 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncGenerator
+from http import HTTPStatus
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import bentoml
+from pydantic import Field
 from starlette.middleware.cors import CORSMiddleware
 
+from api import native
 from api.app import create_app
 from api.connections import connection_stats, install_connection_guard
+from api.docs import SERVICE_DESCRIPTION
 from api.drain import Drain
 from api.middleware import RequestGuard, install_response_start_timeout
 from api.settings import ServerSettings
+from schemas.errors import APIError
 
 if TYPE_CHECKING:
     from engine import DiffusionEngine
+    from schemas.chat import ChatCompletionRequest
 
 logger = logging.getLogger("dllm_serve")
 
@@ -53,6 +61,26 @@ install_response_start_timeout()
 install_connection_guard(settings)
 
 
+# The mounted app logs each of its requests itself, with the request id (api/middleware.py); BentoML's
+# access log would log them a second time. Its lines for BentoML's own routes (/generate, /readyz, ...) stay.
+APP_PATHS = ("/v1/", "/docs", "/redoc", "/openapi.json", "/playground")
+
+
+class SkipRequestsTheAppLogs(logging.Filter):
+    """Drops `bentoml.access` lines for the mounted app's paths, so that each request is logged once.
+
+    BentoML 1.4's access middleware logs `"%s (%s) (%s) %.3fms"` with the request's `scheme=..,method=..,
+    path=..` as the second argument; anything else passes through unchanged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 4 and isinstance(args[1], str) and ",path=" in args[1]:
+            path = args[1].partition(",path=")[2].split(",")[0]
+            return not path.startswith(APP_PATHS)
+        return True
+
+
 def configure_logging() -> None:
     """Show the service's own log lines (request lines are INFO) at DLLM_LOG_LEVEL.
 
@@ -60,14 +88,48 @@ def configure_logging() -> None:
     logger under "dllm_serve" (one per api/ module) is enabled again and takes this level.
     """
     logger.setLevel(os.environ.get("DLLM_LOG_LEVEL", "INFO").upper())
+    access = logging.getLogger("bentoml.access")
+    if not any(isinstance(f, SkipRequestsTheAppLogs) for f in access.filters):
+        access.addFilter(SkipRequestsTheAppLogs())
     for name, child in logging.Logger.manager.loggerDict.items():
         if (name == "dllm_serve" or name.startswith("dllm_serve.")) and isinstance(child, logging.Logger):
             child.disabled = False
 
 
+class DescribedService(bentoml.Service):
+    """BentoML's index page (`/`) shows the service's `doc`, which until the service is built into a Bento is
+    a generic README ("This is a Machine Learning Service created with BentoML"): show the description."""
+
+    @property
+    def doc(self) -> str:
+        if self.bento is not None and self.bento.doc:
+            return self.bento.doc
+        return self.description or ""
+
+
+def bentoml_error(error: APIError) -> bentoml.exceptions.BentoMLException:
+    """An API error as BentoML's own error response (its API has its own envelope), with the same status."""
+    return bentoml.exceptions.BentoMLException(error.detail.message, error_code=HTTPStatus(error.status))
+
+
+# BentoML's API takes the diffusion settings as plain arguments; None means "the default", as in the HTTP API.
+Prompt = Annotated[str, Field(description="The user's message (the model's chat template is applied).")]
+SystemPrompt = Annotated[str | None, Field(description="An optional system message.")]
+MaxTokens = Annotated[int | None, Field(description="The canvas size in tokens (default 128).")]
+Steps = Annotated[int | None, Field(description="Denoising steps, 1–512 (default min(128, max_tokens)).")]
+BlockLength = Annotated[int | None, Field(description="Tokens per block (default max_tokens: one block).")]
+Temperature = Annotated[float | None, Field(description="0–2 (default 0: deterministic).")]
+Seed = Annotated[int | None, Field(description="The random seed (used above temperature 0).")]
+LocalLeap = Annotated[bool | None, Field(description="LocalLeap acceleration (default false).")]
+KVCache = Annotated[Literal["none", "prefix", "dual"] | None, Field(description="Approximate KV cache.")]
+Threshold = Annotated[float | None, Field(description="Threshold decoding: τ in (0, 1] (default off).")]
+
+
 @bentoml.asgi_app(app, path="/")
 @bentoml.service(
     name="dllm-serve",
+    description=SERVICE_DESCRIPTION,
+    service_class=DescribedService,
     # One process owns the model and batches inside it; scale out with replicas, not workers.
     workers=1,
     # The timeout ends at the response headers (api.middleware.ResponseStartTimeout): a long non-stream
@@ -138,6 +200,69 @@ class DiffusionLLMService:
         if self.engine is None:
             return text
         return text + self.engine.stats.prometheus_text()
+
+    # --- BentoML's own API (the OpenAI-compatible one is the mounted app) -----------------------------------
+
+    def _chat(
+        self, prompt: str, system_prompt: str | None, **settings
+    ) -> tuple[DiffusionEngine, ChatCompletionRequest]:
+        if self.engine is None:
+            raise bentoml_error(APIError.not_ready())
+        try:
+            return self.engine, native.chat_request(prompt, system_prompt, settings)
+        except APIError as error:
+            raise bentoml_error(error) from None
+
+    @bentoml.api
+    async def generate(
+        self,
+        prompt: Prompt,
+        system_prompt: SystemPrompt = None,
+        max_tokens: MaxTokens = None,
+        num_denoising_steps: Steps = None,
+        block_length: BlockLength = None,
+        temperature: Temperature = None,
+        seed: Seed = None,
+        use_local_leap: LocalLeap = None,
+        kv_cache: KVCache = None,
+        confidence_threshold: Threshold = None,
+    ) -> str:
+        """The answer to one user message, generated by diffusion."""
+        engine, chat = self._chat(
+            prompt, system_prompt, max_tokens=max_tokens, num_denoising_steps=num_denoising_steps,
+            block_length=block_length, temperature=temperature, seed=seed, use_local_leap=use_local_leap,
+            kv_cache=kv_cache, confidence_threshold=confidence_threshold,
+        )  # fmt: skip
+        try:
+            return await native.generate_text(engine, chat)
+        except APIError as error:
+            raise bentoml_error(error) from None
+
+    @bentoml.api
+    async def generate_stream(
+        self,
+        prompt: Prompt,
+        system_prompt: SystemPrompt = None,
+        max_tokens: MaxTokens = None,
+        num_denoising_steps: Steps = None,
+        block_length: BlockLength = None,
+        temperature: Temperature = None,
+        seed: Seed = None,
+        use_local_leap: LocalLeap = None,
+        kv_cache: KVCache = None,
+        confidence_threshold: Threshold = None,
+    ) -> AsyncGenerator[str, None]:
+        """The answer as it becomes final: one piece of text per denoising step that finalised some."""
+        engine, chat = self._chat(
+            prompt, system_prompt, max_tokens=max_tokens, num_denoising_steps=num_denoising_steps,
+            block_length=block_length, temperature=temperature, seed=seed, use_local_leap=use_local_leap,
+            kv_cache=kv_cache, confidence_threshold=confidence_threshold,
+        )  # fmt: skip
+        try:
+            async for text in native.stream_text(engine, chat):
+                yield text
+        except APIError as error:
+            raise bentoml_error(error) from None
 
     @bentoml.on_shutdown
     def stop_engine(self) -> None:

@@ -12,36 +12,52 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
-from api.errors import client_gone, error_response, invalid_parameter_error
+from api.docs import docs_router
+from api.errors import client_gone, error_response, sampling_params
 from api.middleware import RequestContextMiddleware
 from api.playground import playground_router
 from api.streaming import first_event, last_result, max_request_bytes, read_body, sse_stream, until_disconnect
-from schemas.chat import ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, parse_chat_request
+from schemas.chat import ChatCompletion, ModelCard, ModelList, parse_chat_request
+from schemas.completions import TextCompletion, parse_completion_request
 from schemas.errors import APIError, ErrorResponse
-from schemas.openapi import API_DESCRIPTION, CHAT_CHUNK_REF, CHAT_REQUEST_REF, add_chat_schemas
-from schemas.responses import ChunkBuilder, chat_completion
+from schemas.openapi import (
+    API_DESCRIPTION,
+    CHAT_CHUNK_REF,
+    CHAT_REQUEST_REF,
+    COMPLETION_REQUEST_REF,
+    TEXT_CHUNK_REF,
+    add_request_schemas,
+    declare_api_key,
+)
+from schemas.responses import ChunkBuilder, TextChunkBuilder
+from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
-    from engine import DiffusionEngine, SamplingParams
+    from engine import DiffusionEngine
 
 
 # --- dependencies --------------------------------------------------------------------------------------
 
-_bearer = HTTPBearer(auto_error=False, description="Required only when the server sets DLLM_API_KEY.")
 
-
-def check_api_key(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+def api_key() -> str | None:
     # Read per request so that the key can be rotated by restarting with a new environment only.
-    expected = os.environ.get("DLLM_API_KEY")
-    if not expected:
+    return os.environ.get("DLLM_API_KEY") or None
+
+
+def check_api_key(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> None:
+    # The header is read by hand rather than through FastAPI's HTTPBearer, which would declare bearer auth
+    # in the OpenAPI schema whether or not a key is set; the schema declares it only when one is (`openapi`).
+    expected = api_key()
+    if expected is None:
         return
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
         raise APIError.invalid_api_key()
 
 
@@ -56,15 +72,6 @@ if TYPE_CHECKING:
     EngineDep = DiffusionEngine
 else:  # FastAPI resolves this at run time, where the engine's classes are not imported (they load torch)
     EngineDep = Annotated[Any, Depends(serving_engine)]
-
-
-def sampling_params(chat: ChatCompletionRequest) -> SamplingParams:
-    from engine import InvalidParameter, SamplingParams
-
-    try:
-        return SamplingParams(**chat.sampling_kwargs())
-    except InvalidParameter as error:
-        raise invalid_parameter_error(error, chat) from None
 
 
 # --- /v1 -------------------------------------------------------------------------------------------------
@@ -102,55 +109,111 @@ async def retrieve_model(model: str, request: Request, engine: EngineDep) -> Mod
     return model_card(request, engine)
 
 
-@v1.post(
-    "/chat/completions",
-    response_model=ChatCompletion,
-    responses={
+def _generation_responses(response_ref: str, chunk_ref: str, what: str) -> dict[int | str, dict[str, Any]]:
+    chunk_name = chunk_ref.rsplit("/")[-1]
+    return {
         200: {
-            "description": "A `chat.completion`, or with `stream: true` a `text/event-stream` of "
-            "`chat.completion.chunk`s: role, one per denoising step, finish, [usage], `[DONE]`.",
-            "content": {"text/event-stream": {"schema": {"$ref": CHAT_CHUNK_REF}}},
+            "description": f"A `{what}`, or with `stream: true` a `text/event-stream` of `data: <{chunk_name} JSON>` "
+            "events (one per denoising step, then the finish chunk, [usage]) ending with `data: [DONE]`.",
+            "content": {
+                "application/json": {"schema": {"$ref": response_ref}},
+                "text/event-stream": {
+                    "schema": {"type": "string", "description": "Server-sent events; each `data:` line is a chunk."},
+                    "x-sse-data-schema": {"$ref": chunk_ref},
+                },
+            },
         },
         413: {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."},
         **_ERRORS,
-    },
-    openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": CHAT_REQUEST_REF}}}}
-    },
+    }
+
+
+def _json_body(schema_ref: str) -> dict[str, Any]:
+    # The routes read their body themselves (a size limit, strict JSON): the request schema is declared by hand.
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": schema_ref}}}}}
+
+
+@v1.post(
+    "/chat/completions",
+    response_model=ChatCompletion,
+    responses=_generation_responses("#/components/schemas/ChatCompletion", CHAT_CHUNK_REF, "chat.completion"),
+    openapi_extra=_json_body(CHAT_REQUEST_REF),
 )
 async def create_chat_completion(request: Request, engine: EngineDep) -> Response:
     """Chat completion by diffusion (ADR 005, docs/adr/005-openai-compatible-api.md): the body is validated
     strictly, see the request schema."""
     chat = parse_chat_request(await read_body(request, max_request_bytes()))
-    request.state.user = chat.user
-    params = sampling_params(chat)
-    request_id = request.state.request_id
+    return await generate(request, engine, chat, {"messages": chat.engine_messages()}, ChunkBuilder)
+
+
+@v1.post(
+    "/completions",
+    response_model=TextCompletion,
+    responses=_generation_responses("#/components/schemas/TextCompletion", TEXT_CHUNK_REF, "text_completion"),
+    openapi_extra=_json_body(COMPLETION_REQUEST_REF),
+)
+async def create_completion(request: Request, engine: EngineDep) -> Response:
+    """Text completion by diffusion (OpenAI's legacy Completions): the prompt is raw text or token ids, given
+    to the model without a chat template; every other field is the chat endpoint's (ADR 005)."""
+    completion = parse_completion_request(await read_body(request, max_request_bytes()))
+    return await generate(request, engine, completion, completion.prompt_input(), TextChunkBuilder)
+
+
+async def generate(
+    request: Request,
+    engine: DiffusionEngine,
+    generation: GenerationRequest,
+    prompt: dict[str, Any],
+    builder: type[ChunkBuilder] | type[TextChunkBuilder],
+) -> Response:
+    """Both endpoints from a validated request on: engine events in, a response or an event stream out.
+
+    prompt: the engine's prompt keyword (`messages`, `prompt` or `prompt_token_ids`).
+    """
+    request.state.logged = generation.logged_fields()
+    params = sampling_params(generation)
     created = int(time.time())
-    events = engine.astream(messages=chat.engine_messages(), params=params)
+    events = engine.astream(**prompt, params=params)
 
     # The first event is awaited before the response starts, so that what the engine rejects (a prompt
     # too long for the model, a full queue) still gets its HTTP status, also for streams.
-    first = await first_event(request, events, chat)
+    first = await first_event(request, events, generation)
     if first is None:
         return client_gone()  # the client left before the first step: nobody is listening
-    if not chat.stream:
+    chunks = builder(request.state.request_id, created, engine.model_name, engine.tokenizer.token_text)
+    if not generation.stream:
         result = await until_disconnect(request, last_result(events, first))
         if result is None:
             await events.aclose()  # in case the task was cancelled before it could close them itself
             return client_gone()
-        return JSONResponse(chat_completion(request_id, created, engine.model_name, result).model_dump(mode="json"))
+        return JSONResponse(chunks.completion(result).model_dump(mode="json"))
 
-    chunks = ChunkBuilder(request_id, created, engine.model_name, engine.tokenizer.token_text)
-    include_usage = chat.stream_options is not None and bool(chat.stream_options.include_usage)
     return StreamingResponse(
-        sse_stream(events, first, chunks, include_usage, request),
+        sse_stream(events, first, chunks, generation.include_usage, request),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> list[str]:
+    """The methods that a route other than the catch-all takes at this request's path (empty: none)."""
+    routes = [r for r in app.routes if getattr(r, "endpoint", None) is not unknown_route]
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+
+
 async def unknown_route(request: Request) -> None:
-    # Without this, BentoML answers unmatched paths itself, outside the OpenAI envelope.
+    # Without this, BentoML answers unmatched paths itself, outside the OpenAI envelope. A known path with
+    # another method is a 405 that says which methods it takes.
+    allowed = allowed_methods(request.app, request.scope)
+    if allowed:
+        raise APIError.method_not_allowed(request.method, request.url.path, allowed)
     raise APIError.not_found(request.method, request.url.path)
 
 
@@ -167,7 +230,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return error_response(APIError.not_found(request.method, request.url.path))
     if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")  # set by the router: the methods the route has
+        allowed = (exc.headers or {}).get("Allow", "").split(", ")
         return error_response(APIError.method_not_allowed(request.method, request.url.path, allowed))
     return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
@@ -176,9 +239,11 @@ def create_app() -> FastAPI:
     """The app, with no engine yet: set `app.state.engine` once it is loaded."""
     app = FastAPI(
         title="dllm-serve",
-        summary="OpenAI-compatible serving for diffusion language models (LLaDA)",
+        summary="OpenAI-compatible serving for diffusion language models (LLaDA, Dream, DiffuCoder)",
         description=API_DESCRIPTION,
         version="0.1.0",
+        docs_url=None,  # api/docs.py serves /docs and /redoc from local files
+        redoc_url=None,
     )
     app.state.engine = None
     app.state.started_at = int(time.time())  # `created` of the model card
@@ -187,13 +252,20 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(v1)
     app.include_router(playground_router(serving_engine))
+    app.include_router(docs_router)
     app.add_api_route(
-        "/v1/{path:path}", unknown_route, methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
+        "/v1/{path:path}",
+        unknown_route,
+        methods=list(HTTP_METHODS),
+        include_in_schema=False,
     )
+    schemas: dict[bool, dict[str, Any]] = {}
 
     def openapi() -> dict[str, Any]:
-        # The chat route reads its body itself: its request schema and the stream chunk are added by hand.
-        if app.openapi_schema is None:
+        # Bodies read by hand and stream chunks are added to the generated schema; bearer auth is declared
+        # only while DLLM_API_KEY is set (a schema that demands a key nobody checks misleads clients).
+        with_key = api_key() is not None
+        if with_key not in schemas:
             schema = get_openapi(
                 title=app.title,
                 version=app.version,
@@ -201,8 +273,9 @@ def create_app() -> FastAPI:
                 description=app.description,
                 routes=app.routes,
             )
-            app.openapi_schema = add_chat_schemas(schema)
-        return app.openapi_schema
+            schema = add_request_schemas(schema)
+            schemas[with_key] = declare_api_key(schema, prefix=v1.prefix) if with_key else schema
+        return schemas[with_key]
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from fastapi.responses import JSONResponse, Response
 
-from schemas.chat import ChatCompletionRequest
 from schemas.errors import APIError
+from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
     from engine.errors import InvalidParameter
+    from engine.params import SamplingParams
 
 logger = logging.getLogger(f"dllm_serve.{__name__}")
 
@@ -36,12 +37,12 @@ def client_gone() -> Response:
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-def invalid_parameter_error(error: InvalidParameter, chat: ChatCompletionRequest) -> APIError:
+def invalid_parameter_error(error: InvalidParameter, generation: GenerationRequest) -> APIError:
     """An engine InvalidParameter, reported under the request field the client sent."""
-    param = chat.http_param(error.field)
+    param = generation.http_param(error.field)
     message = f"Invalid value for '{param}': {error.rule}"
     if error.field != "gen_length" and "gen_length" in error.rule:
-        message += f"; gen_length is the canvas size, set by {chat.canvas_field} (default 128)"
+        message += f"; gen_length is the canvas size, set by {generation.canvas_field} (default 128)"
     return APIError.invalid_value(param, message.rstrip(".") + ".")
 
 
@@ -53,17 +54,28 @@ def stopped_engine_error(error: Exception) -> APIError | None:
     return APIError.shutting_down() if isinstance(error, EngineShutdown) else None
 
 
-def engine_error(error: Exception, chat: ChatCompletionRequest) -> APIError | None:
+def engine_error(error: Exception, generation: GenerationRequest) -> APIError | None:
     """The HTTP error for what the engine raised before a request's first event; None: a server fault,
     to be answered with a 500 (a ValueError from a bug in the engine is one too, not a 400)."""
     # Imported here: the engine package loads torch, which importing the service must not.
     from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
 
     if isinstance(error, InvalidParameter):
-        return invalid_parameter_error(error, chat)
+        return invalid_parameter_error(error, generation)
     if isinstance(error, EngineOverloaded):
         logger.warning("rejected with 429: %s", error)
         return APIError.overloaded(OVERLOAD_RETRY_AFTER_S)
     if isinstance(error, EngineShutdown):
         return APIError.shutting_down()
     return None
+
+
+def sampling_params(generation: GenerationRequest) -> SamplingParams:
+    """The engine's parameters for a validated request; the engine's own rules fail as 400s on the request's
+    field (e.g. steps that do not fit the blocks)."""
+    from engine import InvalidParameter, SamplingParams
+
+    try:
+        return SamplingParams(**generation.sampling_kwargs())
+    except InvalidParameter as error:
+        raise invalid_parameter_error(error, generation) from None

@@ -85,7 +85,7 @@ class RequestContextMiddleware:
                 response["status"],
                 (time.perf_counter() - started) * 1000,
                 request_id,
-                f" user={state['user']!r}" if state.get("user") else "",
+                "".join(f" {name}={value!r}" for name, value in state.get("logged", {}).items()),
                 " (client disconnected)" if state.get("disconnected") else "",
             )
 
@@ -104,14 +104,20 @@ def is_json(content_type: str | None) -> bool:
     return media_type == "application/json" and all(p in ("", "charset=utf-8", 'charset="utf-8"') for p in parameters)
 
 
+def has_body(headers: Headers) -> bool:
+    """Whether the request announces a body (HTTP/1.1 has no other way to send one)."""
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+
+
 class RequestGuard:
     """What every request passes before it is routed (the service installs it around the whole app).
 
     - While the server drains (api/drain.py), a new request gets a 503 `shutting_down` with
       `Retry-After`; the probes and /metrics are still served. The others are counted as running.
-    - A POST, PUT or PATCH must carry `Content-Type: application/json`, else a 415. A body in any other
-      type is refused unread: without it, any web page could make a browser send work here with a CORS
-      "simple request" (text/plain or a form), which needs no preflight.
+    - A POST, PUT or PATCH with a body must carry `Content-Type: application/json`, else a 415. A body in any
+      other type is refused unread: without it, any web page could make a browser send work here with a CORS
+      "simple request" (text/plain or a form), which needs no preflight. A request without a body goes on to
+      its route (which answers a 405 for a wrong method, a 400 for a missing JSON body).
     - The body must arrive within `body_timeout_s` of the request's start, else a 408 that closes the
       connection, so a slow or stalled upload cannot hold a request open; one still arriving when the drain
       begins gets the 503 instead.
@@ -130,8 +136,9 @@ class RequestGuard:
         if self.drain.draining and scope["path"] not in PROBE_PATHS:
             await self._refuse(APIError.shutting_down(), scope, receive, send)
             return
-        content_type = Headers(scope=scope).get("content-type")
-        if scope["method"] in BODY_METHODS and not is_json(content_type):
+        headers = Headers(scope=scope)
+        content_type = headers.get("content-type")
+        if scope["method"] in BODY_METHODS and has_body(headers) and not is_json(content_type):
             await self._refuse(APIError.unsupported_media_type(content_type), scope, receive, send)
             return
         started = {"response": False}

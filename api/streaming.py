@@ -18,9 +18,9 @@ import anyio
 from starlette.requests import Request
 
 from api.errors import engine_error, stopped_engine_error
-from schemas.chat import ChatCompletionRequest
 from schemas.errors import APIError
-from schemas.responses import SSE_DONE, ChunkBuilder
+from schemas.responses import SSE_DONE, ChunkBuilder, TextChunkBuilder
+from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
     from engine.sampler import GenerationResult, StepEvent
@@ -59,13 +59,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def first_event(
-    request: Request, events: AsyncGenerator[StepEvent, None], chat: ChatCompletionRequest
+    request: Request, events: AsyncGenerator[StepEvent, None], generation: GenerationRequest
 ) -> StepEvent | None:
     """The request's first StepEvent (None if the client left first); the engine's refusals become HTTP errors."""
     try:
         first = await until_disconnect(request, anext(events))
     except Exception as error:
-        api_error = engine_error(error, chat)
+        api_error = engine_error(error, generation)
         if api_error is None:
             raise  # a server fault: RequestContextMiddleware logs it and answers 500
         raise api_error from None
@@ -117,17 +117,19 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
 async def sse_stream(
     events: AsyncGenerator[StepEvent, None],
     first: StepEvent,
-    chunks: ChunkBuilder,
+    chunks: ChunkBuilder | TextChunkBuilder,
     include_usage: bool,
     request: Request,
 ) -> AsyncIterator[str]:
-    """role chunk, one chunk per denoising step, finish chunk, [usage chunk], [DONE].
+    """[role chunk (chat)], one chunk per denoising step, finish chunk, [usage chunk], [DONE].
 
     A client disconnect cancels this generator (CancelledError at a yield or await): closing `events`
     then cancels the engine request, freeing its batch slot at the next step.
     """
     try:
-        yield chunks.role()
+        opening = chunks.start()
+        if opening is not None:
+            yield opening
         event = first
         while True:
             yield chunks.step(event)

@@ -32,6 +32,11 @@ from engine.tokenizer import ChatTokenizer
 CHAT_ROLES = ("system", "user", "assistant")
 
 
+def _exactly_one_prompt(messages, prompt_token_ids, prompt) -> None:
+    if sum(x is not None for x in (messages, prompt_token_ids, prompt)) != 1:
+        raise ValueError("pass exactly one of messages=, prompt_token_ids= or prompt=")
+
+
 def _token_id(value) -> int:
     """An int, numpy integer or 0-d integer tensor as an int; bools and floats are refused (TypeError)."""
     if isinstance(value, bool):
@@ -111,11 +116,31 @@ class DiffusionEngine:
         """The loaded model's family: "llada" or "dream"."""
         return self.model.config.family
 
-    def prompt_ids(self, messages: list[dict] | None = None, prompt_token_ids: list[int] | None = None) -> list[int]:
+    def prompt_ids(
+        self,
+        messages: list[dict] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        *,
+        prompt: str | None = None,
+    ) -> list[int]:
+        """The prompt's token ids, from exactly one of: chat `messages` (the model's chat template), token ids,
+        or raw `prompt` text (no template; special-token text in it stays plain text, as in messages)."""
+        _exactly_one_prompt(messages, prompt_token_ids, prompt)
         if prompt_token_ids is not None:
             return self._checked_token_ids(prompt_token_ids)
+        if prompt is not None:
+            self._check_prompt_text(prompt)
+            ids = self.tokenizer.encode_prompt(prompt)
+            if not ids:
+                raise InvalidParameter("prompt", "must not be empty")
+            return ids
         self._check_messages(messages)
         return self.tokenizer.encode_chat(messages)
+
+    @staticmethod
+    def _check_prompt_text(prompt) -> None:
+        if not isinstance(prompt, str):
+            raise InvalidParameter("prompt", "must be a string")
 
     def _check_messages(self, messages: list[dict] | None) -> None:
         if not messages:
@@ -133,6 +158,8 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
     ) -> int:
         """Refuse, without tokenizing, a prompt too long for any tokenization of it to fit; return its length.
 
@@ -142,8 +169,7 @@ class DiffusionEngine:
         holds). The bound errs one way only: it never refuses a prompt that fits, and a prompt under it may
         still be refused once tokenized. It costs a few string lengths, so it runs before the tokenizer.
         """
-        if (messages is None) == (prompt_token_ids is None):
-            raise ValueError("pass exactly one of messages= or prompt_token_ids=")
+        _exactly_one_prompt(messages, prompt_token_ids, prompt)
         canvas = (params or SamplingParams()).gen_length
         room = self.max_sequence_length - canvas  # tokens left for the prompt
         if room < 1:
@@ -159,12 +185,17 @@ class DiffusionEngine:
             if length > room:
                 raise _too_long(length, canvas, self.max_sequence_length)
             return length
-        self._check_messages(messages)
-        length = sum(self.tokenizer.content_chars(message["content"]) for message in messages)
+        if prompt is not None:  # raw text: every character reaches the tokenizer
+            self._check_prompt_text(prompt)
+            field, length = "prompt", len(prompt)
+        else:
+            self._check_messages(messages)
+            field = "messages"
+            length = sum(self.tokenizer.content_chars(message["content"]) for message in messages)
         per_token = self.tokenizer.max_chars_per_token
         if per_token is not None and length > room * per_token:
             raise InvalidParameter(
-                "messages",
+                field,
                 f"the prompt is {length} characters long, more than any prompt that fits can be: the model's "
                 f"maximum sequence length ({self.max_sequence_length} tokens) leaves {room} tokens beside the "
                 f"canvas ({canvas}), at most {room * per_token} characters with this tokenizer",
@@ -194,6 +225,8 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
     ) -> DenoisingRequest:
         """Tokenize and validate one request; the result can be stepped alone or in a batch.
 
@@ -207,8 +240,8 @@ class DiffusionEngine:
             raise InvalidParameter(
                 "kv_cache", f'is not supported for {self.family} models yet; use "none" (confidence_threshold works)'
             )
-        self.check_prompt_size(messages, prompt_token_ids, params)
-        ids = self.prompt_ids(messages, prompt_token_ids)
+        self.check_prompt_size(messages, prompt_token_ids, params, prompt=prompt)
+        ids = self.prompt_ids(messages, prompt_token_ids, prompt=prompt)
         total = len(ids) + params.gen_length
         if total > self.max_sequence_length:
             raise _too_long(len(ids), params.gen_length, self.max_sequence_length)
@@ -243,6 +276,8 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
     ) -> Iterator[StepEvent]:
         """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
 
@@ -250,7 +285,9 @@ class DiffusionEngine:
         queue full), EngineShutdown. Later: the exception the request's step raised. Closing the
         iterator early frees the request's batch slot at the next step.
         """
-        request = self.new_request(messages, prompt_token_ids, params)  # tokenized on the caller's thread
+        request = self.new_request(
+            messages, prompt_token_ids, params, prompt=prompt
+        )  # tokenized on the caller's thread
         handle = self._running_scheduler().submit(request)
         try:
             while True:
@@ -266,10 +303,12 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
     ) -> GenerationResult:
         """The request's result (same errors as `stream`). Only the last event is delivered: the calling
         thread is woken once, not at every step, which a lone request would pay for in latency."""
-        request = self.new_request(messages, prompt_token_ids, params)
+        request = self.new_request(messages, prompt_token_ids, params, prompt=prompt)
         handle = self._running_scheduler().submit(request, every_event=False)
         try:
             event = handle.wait_event()
@@ -285,6 +324,8 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
     ) -> AsyncGenerator[StepEvent, None]:
         """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
 
@@ -296,10 +337,10 @@ class DiffusionEngine:
         # loop, bounded: engine/preparation.py). What its length alone refuses is refused here first, at the
         # cost of a few string lengths. Validation errors still surface before any event.
         loop = asyncio.get_running_loop()
-        prompt_chars = self.check_prompt_size(messages, prompt_token_ids, params)
+        prompt_chars = self.check_prompt_size(messages, prompt_token_ids, params, prompt=prompt)
         scheduler = self._running_scheduler()
         request = await self._preparation.run(
-            prompt_chars, scheduler.load(), lambda: self.new_request(messages, prompt_token_ids, params)
+            prompt_chars, scheduler.load(), lambda: self.new_request(messages, prompt_token_ids, params, prompt=prompt)
         )
         handle = self._running_scheduler().submit(request, loop)
         try:
@@ -316,9 +357,11 @@ class DiffusionEngine:
         messages: list[dict] | None = None,
         prompt_token_ids: list[int] | None = None,
         params: SamplingParams | None = None,
+        *,
+        prompt: str | None = None,
     ) -> GenerationResult:
         """`generate` for the event loop: the result of `astream`'s last event (same errors)."""
-        async with aclosing(self.astream(messages, prompt_token_ids, params)) as events:
+        async with aclosing(self.astream(messages, prompt_token_ids, params, prompt=prompt)) as events:
             async for event in events:
                 if event.finished:
                     return event.result

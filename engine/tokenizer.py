@@ -101,6 +101,11 @@ class ChatTokenizer:
         """Plain text to ids; special-token strings inside `text` stay ordinary text."""
         return self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Raw prompt text (no chat template) to ids: what the tokenizer adds to any text by default (a BOS for
+        tokenizers configured so), then `text` with special-token strings kept as ordinary text."""
+        return self.hf(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         placeholders = [f"\ue000{uuid.uuid4().hex}\ue001" for _ in messages]
         rendered = self._render([{**m, "content": p} for m, p in zip(messages, placeholders)])

@@ -105,10 +105,14 @@ class APIError(Exception):
         return cls(404, f"Invalid URL ({method} {path}).", code="not_found")
 
     @classmethod
-    def method_not_allowed(cls, method: str, path: str, allowed: str) -> APIError:
-        # RFC 9110 §15.5.6: a 405 must list the methods the resource supports.
-        message = f"Method {method} is not allowed on {path} (allowed: {allowed})."
-        return cls(405, message, code="method_not_allowed", headers={"Allow": allowed})
+    def method_not_allowed(cls, method: str, path: str, allowed: list[str]) -> APIError:
+        allow = ", ".join(m for m in allowed if m)
+        return cls(
+            405,
+            f"Method {method} is not allowed on {path}" + (f"; use {allow}." if allow else "."),
+            code="method_not_allowed",
+            headers={"Allow": allow},
+        )
 
     @classmethod
     def model_not_found(cls, model: str, served: str) -> APIError:

@@ -1,4 +1,8 @@
-"""Responses and server-sent-event chunks built from the engine's results.
+"""Responses and server-sent-event chunks built from the engine's results, for both generation endpoints.
+
+`ChunkBuilder` (chat) and `TextChunkBuilder` (legacy completions) have one interface, so that the HTTP
+layer runs both endpoints through the same code: `completion(result)` is the whole response;
+`start()`, `step(event)`, `finish(result)`, `usage(result)` are the stream's events in order.
 
 Typed against the engine's `GenerationResult` and `StepEvent`, imported for type checkers only:
 importing the engine at run time would load torch, which schemas never does.
@@ -24,6 +28,7 @@ from schemas.chat import (
     StepDiffusion,
     Usage,
 )
+from schemas.completions import TextChoice, TextCompletion
 from schemas.errors import APIError
 
 if TYPE_CHECKING:
@@ -36,22 +41,15 @@ def completion_id(request_id: str) -> str:
     return f"chatcmpl-{request_id}"
 
 
+def text_completion_id(request_id: str) -> str:
+    return f"cmpl-{request_id}"
+
+
 def usage_of(result: GenerationResult) -> Usage:
     return Usage(
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         total_tokens=result.prompt_tokens + result.completion_tokens,
-    )
-
-
-def chat_completion(request_id: str, created: int, model: str, result: GenerationResult) -> ChatCompletion:
-    return ChatCompletion(
-        id=completion_id(request_id),
-        created=created,
-        model=model,
-        choices=[Choice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)],
-        usage=usage_of(result),
-        diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
     )
 
 
@@ -65,8 +63,20 @@ def sse_event(payload: BaseModel | dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def step_diffusion(event: StepEvent, token_text: Callable[[int], str]) -> StepDiffusion:
+    return StepDiffusion(
+        step=event.step,
+        block=event.block,
+        committed=[
+            CommittedToken(position=position, token_id=token_id, text=token_text(token_id))
+            for position, token_id in event.committed
+        ],
+        masked_remaining=event.masked_remaining,
+    )
+
+
 class ChunkBuilder:
-    """The chunks of one streamed completion, in order: role, one per step, finish, [usage], [DONE]."""
+    """One chat completion: the response, or its chunks in order: role, one per step, finish, [usage], [DONE]."""
 
     def __init__(self, request_id: str, created: int, model: str, token_text: Callable[[int], str]):
         self.id = completion_id(request_id)
@@ -77,19 +87,22 @@ class ChunkBuilder:
     def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
-    def role(self) -> str:
+    def completion(self, result: GenerationResult) -> ChatCompletion:
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[Choice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)],
+            usage=usage_of(result),
+            diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
+        )
+
+    def start(self) -> str | None:
+        """The role chunk."""
         return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))]))
 
     def step(self, event: StepEvent) -> str:
-        diffusion = StepDiffusion(
-            step=event.step,
-            block=event.block,
-            committed=[
-                CommittedToken(position=position, token_id=token_id, text=self.token_text(token_id))
-                for position, token_id in event.committed
-            ],
-            masked_remaining=event.masked_remaining,
-        )
+        diffusion = step_diffusion(event, self.token_text)
         return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(content=event.text_delta))], diffusion=diffusion))
 
     def finish(self, result: GenerationResult) -> str:
@@ -102,6 +115,51 @@ class ChunkBuilder:
 
     def usage(self, result: GenerationResult) -> str:
         return sse_event(self._chunk([], usage=usage_of(result)))
+
+    @staticmethod
+    def error(error: APIError) -> str:
+        return sse_event(error.body())
+
+
+class TextChunkBuilder:
+    """One legacy text completion: the response, or its chunks in order: one per step, finish, [usage], [DONE].
+
+    OpenAI's text completion chunks have no role chunk; each is a `text_completion` with `choices[0].text`.
+    """
+
+    def __init__(self, request_id: str, created: int, model: str, token_text: Callable[[int], str]):
+        self.id = text_completion_id(request_id)
+        self.created = created
+        self.model = model
+        self.token_text = token_text
+
+    def _completion(self, choices: list[TextChoice], **extra: Any) -> TextCompletion:
+        return TextCompletion(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
+
+    def completion(self, result: GenerationResult) -> TextCompletion:
+        return self._completion(
+            [TextChoice(text=result.text, finish_reason=result.finish_reason)],
+            usage=usage_of(result),
+            diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
+        )
+
+    def start(self) -> str | None:
+        return None
+
+    def step(self, event: StepEvent) -> str:
+        diffusion = step_diffusion(event, self.token_text)
+        return sse_event(self._completion([TextChoice(text=event.text_delta, finish_reason=None)], diffusion=diffusion))
+
+    def finish(self, result: GenerationResult) -> str:
+        return sse_event(
+            self._completion(
+                [TextChoice(text="", finish_reason=result.finish_reason)],
+                diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
+            )
+        )
+
+    def usage(self, result: GenerationResult) -> str:
+        return sse_event(self._completion([], usage=usage_of(result)))
 
     @staticmethod
     def error(error: APIError) -> str:

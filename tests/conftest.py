@@ -8,7 +8,8 @@ Tests that change an engine's behaviour (its scheduler configuration, a wrapped 
 Servers: `service_client` runs the BentoML service in-process (one per test session: BentoML's
 `Service.to_asgi()` can be called only once per process); `bentoml_server` starts a real
 `bentoml serve` in a subprocess and always stops it. Both serve `DLLM_MODEL` from the environment,
-by default the embedded model (models/tiny-llada-chat).
+by default the embedded model (models/tiny-llada-chat); `fixture_model_server` is a second real server on
+the random-weight fixture checkpoint.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def _free_port() -> int:
 def bentoml_server(tmp_path_factory) -> Iterator[str]:
     """Base URL of a real `bentoml serve service:DiffusionLLMService`, ready (GET /readyz is 200)."""
     with running_server(tmp_path_factory.mktemp("bentoml-serve")) as server:
+        yield server.base_url
+
+
+@pytest.fixture(scope="session")
+def fixture_model_server(tmp_path_factory) -> Iterator[str]:
+    """Like `bentoml_server`, serving the random-weight fixture checkpoint (tests/fixtures/llada-tiny): it
+    writes (meaningless) text for a raw prompt, where the embedded chat model answers only chat prompts."""
+    workdir = tmp_path_factory.mktemp("bentoml-serve-fixture")
+    with running_server(workdir, {"DLLM_MODEL": str(FIXTURE_DIR)}) as server:
         yield server.base_url
 
 

@@ -295,9 +295,10 @@ def test_request_size_limit_setting(monkeypatch):
 
 
 def test_unknown_v1_route_is_an_openai_shaped_404(service_client):
-    response = service_client.post("/v1/completions", json={"prompt": "hi"})
+    response = service_client.post("/v1/embeddings", json={"input": "hi"})
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "invalid_request_error"
+    assert response.json()["error"]["code"] == "not_found"
 
 
 @pytest.mark.parametrize(("method", "path", "allowed"), [("OPTIONS", URL, "POST"), ("HEAD", "/v1/models", "GET")])
@@ -310,10 +311,9 @@ def test_wrong_method_on_a_v1_route(service_client, method, path, allowed):
         assert response.json()["error"] | {"message": None} == {
             "message": None, "type": "invalid_request_error", "param": None, "code": "method_not_allowed"
         }  # fmt: skip
-    # The methods a client may plausibly try answer as OpenAI does: an unknown URL.
+    # Every other method too, GET included (issue 14: a 405 with Allow, not OpenAI's "Invalid URL" 404).
     response = service_client.get(URL)
-    assert response.status_code == 404
-    assert response.json()["error"]["message"] == "Invalid URL (GET /v1/chat/completions)."
+    assert response.status_code == 405 and response.headers["Allow"] == "POST"
 
 
 def test_ready_once_the_model_is_loaded(service_client):

@@ -114,8 +114,12 @@ async def echo_body(scope, receive, send):
     await send({"type": "http.response.body", "body": body})
 
 
-def http_scope(method="POST", path="/v1/chat/completions", content_type: str | None = "application/json") -> dict:
+def http_scope(
+    method="POST", path="/v1/chat/completions", content_type: str | None = "application/json", body_length=None
+) -> dict:
     headers = [(b"host", b"test")] + ([(b"content-type", content_type.encode())] if content_type else [])
+    if body_length is not None:
+        headers.append((b"content-length", str(body_length).encode()))
     return {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b"", "state": {}}
 
 
@@ -175,13 +179,19 @@ def test_a_stalled_or_slow_body_gets_a_408_that_closes_the_connection(chunks):
 
 
 @pytest.mark.parametrize(
-    ("content_type", "method", "status"),
-    [("text/plain", "POST", 415), (None, "POST", 415), ("text/plain", "PUT", 415), ("text/plain", "GET", 200)],
+    ("content_type", "method", "length", "status"),
+    [
+        ("text/plain", "POST", 2, 415),
+        (None, "POST", 2, 415),
+        ("text/plain", "PUT", 2, 415),
+        ("text/plain", "GET", 2, 200),
+        (None, "POST", 0, 200),  # no body: the route answers (a 405 for a wrong method, a 400 for chat)
+    ],
 )
-def test_bodies_must_be_json(content_type, method, status):
+def test_bodies_must_be_json(content_type, method, length, status):
     guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=1.0)
-    exchange = Exchange([(0.0, b"{}")])
-    run(guard(http_scope(method, content_type=content_type), exchange.receive, exchange.send))
+    exchange = Exchange([(0.0, b"{}" if length else b"")])
+    run(guard(http_scope(method, content_type=content_type, body_length=length), exchange.receive, exchange.send))
     assert exchange.status == status
     if status == 415:
         assert (exchange.error["code"], exchange.error["param"]) == ("unsupported_media_type", "Content-Type")

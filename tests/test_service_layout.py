@@ -18,7 +18,8 @@ def modules_after(statement: str) -> set[str]:
 
 def test_schemas_import_no_torch_engine_or_framework():
     loaded = modules_after(
-        "import schemas.chat, schemas.errors, schemas.openapi, schemas.request_id, schemas.responses"
+        "import schemas.chat, schemas.completions, schemas.errors, schemas.fields, schemas.openapi, "
+        "schemas.request_id, schemas.responses, schemas.sampling"
     )
     assert not loaded & {"torch", "engine", "fastapi", "starlette", "bentoml", "transformers"}
 
@@ -31,7 +32,8 @@ def test_engine_imports_nothing_of_the_http_side():
 
 def test_http_layer_imports_no_torch_engine_or_bentoml():
     loaded = modules_after(
-        "import api.app, api.connections, api.drain, api.errors, api.middleware, api.settings, api.streaming"
+        "import api.app, api.connections, api.docs, api.drain, api.errors, api.middleware, api.native, "
+        "api.settings, api.streaming"
     )
     assert "fastapi" in loaded
     assert not loaded & {"torch", "engine", "transformers", "bentoml"}

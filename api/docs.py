@@ -1,0 +1,83 @@
+"""The human-facing pages: /docs (Swagger UI) and /redoc, served entirely from this server.
+
+FastAPI's own pages load Swagger UI and ReDoc from a CDN, so on a machine without internet (air-gapped
+deployments are common for model servers) /docs is a blank page. The `fastapi-offline` package installs
+the same JavaScript and CSS files; they are served from here, and the pages reference no other host
+(tests/test_openai_surface.py checks it). Swagger UI's online validator badge is turned off for the same
+reason: it would send the schema's address to an outside service.
+
+`SERVICE_DESCRIPTION` is what BentoML's own index page (`/`) shows about this service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastapi_offline
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
+
+from schemas.errors import APIError
+from schemas.openapi import PAGE_LINKS
+
+ASSETS_DIR = Path(fastapi_offline.__file__).parent / "static"
+ASSETS_PATH = "/docs/assets"
+# The files the pages load; nothing else in the package's folder is served.
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "redoc.standalone.js": "text/javascript",
+    "favicon.png": "image/png",
+}
+
+SERVICE_DESCRIPTION = f"""
+**dllm-serve** serves a diffusion language model (LLaDA, Dream, DiffuCoder) behind an OpenAI-compatible API.
+
+{PAGE_LINKS}
+
+- `POST /v1/chat/completions` and `POST /v1/completions`: OpenAI's Chat Completions and (legacy) Completions,
+  whole or streamed; point any OpenAI client at `http://<this host>/v1`. Every field, its diffusion meaning and
+  what is refused: the [API reference](/docs).
+- `GET /v1/models`: the loaded model.
+- `POST /generate` and `POST /generate_stream` (below): the same engine through BentoML's own API, for
+  `bentoml.SyncHTTPClient` / `AsyncHTTPClient` and this page's "Try it out".
+- `/readyz`, `/livez`, `/metrics`: readiness, liveness, Prometheus metrics.
+""".strip()
+
+docs_router = APIRouter(include_in_schema=False)
+
+
+@docs_router.get("/docs")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    root = request.scope.get("root_path", "")
+    app: FastAPI = request.app
+    return get_swagger_ui_html(
+        openapi_url=f"{root}{app.openapi_url}",
+        title=f"{app.title} - API reference",
+        swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
+        swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
+        swagger_ui_parameters={"validatorUrl": None},  # no schema sent to validator.swagger.io
+    )
+
+
+@docs_router.get("/redoc")
+async def redoc(request: Request) -> HTMLResponse:
+    root = request.scope.get("root_path", "")
+    app: FastAPI = request.app
+    return get_redoc_html(
+        openapi_url=f"{root}{app.openapi_url}",
+        title=f"{app.title} - ReDoc",
+        redoc_js_url=f"{root}{ASSETS_PATH}/redoc.standalone.js",
+        redoc_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
+        with_google_fonts=False,
+    )
+
+
+@docs_router.get(ASSETS_PATH + "/{name}")
+async def docs_asset(name: str, request: Request) -> FileResponse:
+    if name not in ASSETS:
+        raise APIError.not_found(request.method, request.url.path)
+    # Versioned by the installed package: browsers may keep the files for a day.
+    return FileResponse(ASSETS_DIR / name, media_type=ASSETS[name], headers={"Cache-Control": "max-age=86400"})

@@ -1,0 +1,64 @@
+"""The engine behind BentoML's own API: the `@bentoml.api` methods in service.py (`generate`,
+`generate_stream`), which BentoML's index page, `bentoml.SyncHTTPClient` and `AsyncHTTPClient` call.
+
+They take a prompt (one user message, through the model's chat template) and the diffusion settings as
+plain arguments, and go through exactly the validation of the OpenAI endpoints: the arguments become a
+chat request body and `parse_chat_request` checks it, so both APIs accept and refuse the same values.
+Errors are `APIError`s; service.py turns them into BentoML's own error responses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from api.errors import engine_error, sampling_params
+from schemas.chat import ChatCompletionRequest, parse_chat_request
+
+if TYPE_CHECKING:
+    from engine import DiffusionEngine
+    from engine.sampler import StepEvent
+
+
+def chat_request(prompt: str, system_prompt: str | None, settings: dict[str, Any]) -> ChatCompletionRequest:
+    """The prompt and the settings given (None: omitted) as a validated chat request."""
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    body = {"messages": messages, **{name: value for name, value in settings.items() if value is not None}}
+    # Through JSON, so that the strict JSON rules of the HTTP API apply unchanged.
+    return parse_chat_request(json.dumps(body).encode())
+
+
+async def text_events(engine: DiffusionEngine, chat: ChatCompletionRequest) -> AsyncIterator[StepEvent]:
+    """The request's events; what the engine refuses before the first one is an `APIError`."""
+    events = engine.astream(messages=chat.engine_messages(), params=sampling_params(chat))
+    try:
+        first = await anext(events)
+    except Exception as error:
+        api_error = engine_error(error, chat)
+        if api_error is None:
+            raise
+        raise api_error from None
+    try:
+        yield first
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # a client that leaves frees the batch slot at the next step
+
+
+async def generate_text(engine: DiffusionEngine, chat: ChatCompletionRequest) -> str:
+    async for event in text_events(engine, chat):
+        if event.finished:
+            assert event.result is not None  # set on every finished event
+            return event.result.text
+    raise RuntimeError("the sampler stopped without finishing")  # unreachable: every canvas fills up
+
+
+async def stream_text(engine: DiffusionEngine, chat: ChatCompletionRequest) -> AsyncIterator[str]:
+    """The text as it becomes final, one piece per denoising step that finalised some (empty steps are skipped)."""
+    async for event in text_events(engine, chat):
+        if event.text_delta:
+            yield event.text_delta
