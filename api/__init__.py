@@ -6,6 +6,8 @@
 - `middleware.py`: per-request context (X-Request-ID, the log line, last-resort 500s) and the
   response-start timeout that replaces BentoML's.
 - `errors.py`: the engine's exceptions → HTTP errors, and how an `APIError` becomes a response.
+- `engine_setup.py`, `logs.py`: for the service, the engine from the environment (checked before any
+  worker starts, then loaded) and the logging setup.
 - `playground.py`, `playground_settings.py`, `static/`: GET /playground, a page that streams from the
   public API and draws the canvas denoising, and the settings its form is built from.
 

@@ -118,7 +118,7 @@ class Drain:
     def intercept_signals(
         self, loop: asyncio.AbstractEventLoop, on_grace_expired: Callable[[], Any] | None = None
     ) -> bool:
-        """Route SIGTERM and SIGINT through the drain before the handlers installed now (uvicorn's).
+        """Route SIGTERM and SIGINT through the drain before the handlers installed now (uvicorn's); logged.
 
         Must be called on the main thread, where Python runs signal handlers; returns False (and changes
         nothing) elsewhere, e.g. under a test client that runs the app on a thread of its own.
@@ -154,6 +154,7 @@ class Drain:
 
         for sig in previous:
             signal.signal(sig, on_signal)
+        logger.info("SIGTERM drains: running requests get up to %gs (DLLM_SHUTDOWN_GRACE_S)", self.grace_s)
         return True
 
     def _skip(self) -> None:

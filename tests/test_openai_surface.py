@@ -188,7 +188,7 @@ def test_bounded_schemathesis_run_finds_only_documented_failures(bentoml_server,
 def test_bentomls_access_line_is_dropped_for_requests_the_app_logs_itself():
     import logging
 
-    from service import SkipRequestsTheAppLogs
+    from api.logs import SkipRequestsTheAppLogs
 
     def access_record(path: str) -> logging.LogRecord:
         # The shape of BentoML 1.4's access line (bentoml/_internal/server/http/access.py).

@@ -1,6 +1,6 @@
 """Import boundaries (docs/design.md, "Layout"): `engine` never imports the HTTP side; `schemas` never
 imports torch, the engine or a web framework; the HTTP layer (`api`) does not depend on BentoML; importing
-`service.py` (what `bentoml build` does) loads no torch."""
+`service.py` (what `bentoml build` does) loads no torch, and service.py stays thin."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def test_engine_imports_nothing_of_the_http_side():
 
 def test_http_layer_imports_no_torch_engine_or_bentoml():
     loaded = modules_after(
-        "import api.app, api.connections, api.docs, api.drain, api.errors, api.middleware, api.native, "
-        "api.settings, api.streaming"
+        "import api.app, api.connections, api.docs, api.drain, api.engine_setup, api.errors, api.logs, "
+        "api.middleware, api.native, api.settings, api.streaming"
     )
     assert "fastapi" in loaded
     assert not loaded & {"torch", "engine", "transformers", "bentoml"}
@@ -43,6 +43,11 @@ def test_importing_the_service_loads_no_torch():
     loaded = modules_after("import service")
     assert "bentoml" in loaded and "fastapi" in loaded
     assert not loaded & {"torch", "engine", "transformers"}
+
+
+def test_the_service_module_stays_thin():
+    """service.py is the Bento class and what BentoML needs; the HTTP layer's concerns live in `api`."""
+    assert len((REPO_ROOT / "service.py").read_text().splitlines()) <= 150
 
 
 def test_schema_constants_mirror_the_engine():
