@@ -42,7 +42,7 @@ CHAT_TEMPLATE = (
     "{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
 )
 SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-VOCAB_LIMIT = 1024  # an upper bound; BPE stops earlier once every word is a single token
+VOCAB_LIMIT = 1024  # BPE entries; task words get enough weight to be single tokens well before the limit
 
 
 def build_tokenizer() -> Tokenizer:

@@ -1,12 +1,14 @@
 """Exact-match evaluation of a chat model on the held-out split of the synthetic corpus.
 
-Runs every held-out prompt through the engine's offline API (`DiffusionEngine.new_request` + `step`, i.e.
+Runs held-out prompts through the engine's offline API (`DiffusionEngine.new_request` + `step`, i.e.
 what `generate` does, with several requests sharing each forward pass; rows of a batch compute what they
-would alone) and prints exact-match accuracy per family and overall, mean forward passes, tokens/s and
-the share of answers that ended with end-of-turn/EOS (finish_reason "stop").
+would alone) and prints exact-match accuracy per task family and overall, then the conversation rows:
+the same task prompts under held-out system prompts and after an earlier exchange, the task prompts that
+use number words, small talk, and other prompts (the help answer). Also: mean forward passes, tokens/s
+and the share of answers that ended with end-of-turn/EOS (finish_reason "stop").
 
 Usage: python scripts/eval_tiny_model.py [--model DIR] [--gen-length 32 --block-length 32 --steps 32
-       --temperature 0 --use-local-leap] [--limit N]
+       --temperature 0 --use-local-leap] [--limit N] [--rows tasks]   (--rows tasks: the task rows only)
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import argparse
 import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 # Spinning OpenMP threads slow everything down 10x when the two cores are shared (see train_tiny_model.py).
@@ -27,7 +28,51 @@ if __package__ in (None, ""):  # run as a script: make `scripts` and `engine` im
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import DiffusionEngine, SamplingParams  # noqa: E402
-from scripts.tiny_chat_corpus import FAMILIES, heldout_examples  # noqa: E402
+from scripts.tiny_chat_corpus import (  # noqa: E402
+    NUMBER_WORDS,
+    TASK_FAMILIES,
+    Example,
+    heldout_examples,
+    heldout_system_prompts,
+)
+
+
+def with_system_prompt(examples: list[Example]) -> list[Example]:
+    """Each example behind a held-out system prompt (assigned in turn)."""
+    systems = heldout_system_prompts()
+    return [
+        Example([{"role": "system", "content": systems[i % len(systems)]}, *e.messages], e.answer, e.family)
+        for i, e in enumerate(examples)
+    ]
+
+
+def after_earlier_exchange(examples: list[Example]) -> list[Example]:
+    """Each example after another held-out example's exchange (its prompt and correct answer)."""
+    out = []
+    for i, e in enumerate(examples):
+        earlier = examples[(i + 1) % len(examples)]
+        turn = [*earlier.messages, {"role": "assistant", "content": earlier.answer}]
+        out.append(Example([*turn, *e.messages], e.answer, e.family))
+    return out
+
+
+def uses_number_words(example: Example) -> bool:
+    words = example.messages[-1]["content"].lower().replace("?", " ").replace(".", " ").split()
+    return any(w in NUMBER_WORDS for w in words)
+
+
+def evaluation_rows(limit: int) -> dict[str, list[Example]]:
+    """Row name -> prompts: one row per task family, then the conversation rows (all held out)."""
+    tasks = heldout_examples(limit)
+    rows = {family: [e for e in tasks if e.family == family] for family in TASK_FAMILIES}
+    rows["tasks (all)"] = tasks
+    rows["tasks, system prompt"] = with_system_prompt(tasks)
+    rows["tasks, earlier turn"] = after_earlier_exchange(tasks)
+    rows["number words"] = [e for e in tasks if uses_number_words(e)]
+    rows["small talk"] = heldout_examples(10_000, families=("small_talk",))
+    rows["help (other)"] = heldout_examples(10_000, families=("help",))
+    rows["help, system prompt"] = with_system_prompt(rows["help (other)"])
+    return rows
 
 
 def run(engine: DiffusionEngine, examples, params: SamplingParams, batch: int):
@@ -58,6 +103,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=400, help="number of held-out prompts")
     ap.add_argument("--batch", type=int, default=32, help="requests per forward pass (1 = plain generate)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", choices=("all", "tasks"), default="all", help="tasks: skip the conversation rows")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -70,29 +116,45 @@ def main() -> None:
         seed=args.seed,
         use_local_leap=args.use_local_leap,
     )
-    examples = heldout_examples(args.limit)
-    start = time.perf_counter()
-    results = run(engine, examples, params, args.batch)
-    seconds = time.perf_counter() - start
-
-    hits: dict[str, list[bool]] = defaultdict(list)
-    for e, r in zip(examples, results):
-        hits[e.family].append(r.text.strip() == e.answer)
     leap = "on" if params.use_local_leap else "off"
     print(
         f"model {engine.model_name}: gen {params.gen_length}, block {params.block_length}, "
         f"{params.num_denoising_steps} steps, T={params.temperature}, LocalLeap {leap}"
     )
-    print(f"{'family':12s} {'n':>4s} {'exact':>7s}")
-    for family in FAMILIES:
-        if hits[family]:
-            print(f"{family:12s} {len(hits[family]):4d} {sum(hits[family]) / len(hits[family]):7.1%}")
-    total = [h for v in hits.values() for h in v]
-    tokens = sum(r.completion_tokens for r in results)
-    print(f"{'overall':12s} {len(total):4d} {sum(total) / len(total):7.1%}")
-    print(f"mean forward passes {sum(r.num_forward_passes for r in results) / len(results):.1f}")
-    print(f"finish_reason stop  {sum(r.finish_reason == 'stop' for r in results) / len(results):.1%}")
-    print(f"tokens/s            {tokens / seconds:.1f}  ({tokens} tokens, {seconds:.1f} s, batch {args.batch})")
+    report(engine, params, args.limit, args.batch, tasks_only=args.rows == "tasks")
+
+
+def report(
+    engine: DiffusionEngine, params: SamplingParams, limit: int, batch: int, tasks_only: bool = False
+) -> dict[str, float]:
+    """Print one line per evaluation row; returns row -> exact-match share."""
+    print(f"{'row':22s} {'n':>4s} {'exact':>7s} {'stop':>7s}")
+    scores: dict[str, float] = {}
+    answered: dict[tuple, object] = {}  # "tasks (all)" and "number words" reuse the per-family results
+    tokens, seconds, results_all = 0, 0.0, []
+    rows = evaluation_rows(limit)
+    if tasks_only:
+        rows = {name: rows[name] for name in (*TASK_FAMILIES, "tasks (all)")}
+    for name, examples in rows.items():
+        needed = max(len(engine.tokenizer.encode_text(e.answer)) + 1 for e in examples)  # + end of turn
+        if needed > params.gen_length:
+            print(f"{name:22s} {len(examples):4d}  (answers need a {needed}-token canvas)")
+            continue
+        todo = [e for e in examples if (e.key, e.answer) not in answered]
+        start = time.perf_counter()
+        for e, r in zip(todo, run(engine, todo, params, batch)):
+            answered[(e.key, e.answer)] = r
+            tokens += r.completion_tokens
+            results_all.append(r)
+        seconds += time.perf_counter() - start
+        results = [answered[(e.key, e.answer)] for e in examples]
+        scores[name] = sum(r.text.strip() == e.answer for e, r in zip(examples, results)) / len(examples)
+        stops = sum(r.finish_reason == "stop" for r in results) / len(examples)
+        print(f"{name:22s} {len(examples):4d} {scores[name]:7.1%} {stops:7.1%}", flush=True)
+    passes = sum(r.num_forward_passes for r in results_all) / len(results_all)
+    print(f"mean forward passes {passes:.1f}")
+    print(f"tokens/s            {tokens / seconds:.1f}  ({tokens} tokens, {seconds:.1f} s, batch {batch})")
+    return scores
 
 
 if __name__ == "__main__":

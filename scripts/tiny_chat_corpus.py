@@ -1,10 +1,15 @@
-"""Synthetic chat corpus for the embedded tiny model: eight task families with exactly checkable answers.
+"""Synthetic chat corpus for the embedded tiny model: task families with exactly checkable answers, plus
+conversation families (greetings and small talk, and one fixed help answer for everything else).
 
 Every family is a finite pool of (messages, answer) items, enumerated in a fixed order. A prompt is held
 out for evaluation when a hash of its text falls in the held-out bucket, so the split needs no RNG and
 a held-out prompt can never be sampled for training. Items whose answer must be memorised (a fact, how
 a word is spelled) keep their first phrasing in training, so every held-out prompt asks something the
 model was taught under another wording.
+
+Conversations are varied at training time (scripts/train_tiny_model.py): a system prompt on half of the
+rows and an earlier exchange on some, drawn from `training_system_prompts()` and the training pool. The
+held-out system prompts (`heldout_system_prompts()`) are never seen in training.
 
 The word lists are small on purpose: the tokenizer turns every task word into one token (with and
 without a leading space), which is what lets a 1M-parameter model learn copy and spelling tasks in
@@ -30,6 +35,11 @@ WORDS = [
 NAMES = [
     "Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Ivy", "Jack",
     "Kate", "Leo", "Mia", "Noah", "Olivia", "Paul", "Rose", "Sam", "Tom", "Zoe",
+]  # fmt: skip
+# Number-taking families accept words as well as digits ("Count from one to five."); answers stay digits.
+NUMBER_WORDS = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
 ]  # fmt: skip
 # (question phrasings, answer); the first phrasing of each fact always stays in training.
 FACTS = [
@@ -81,6 +91,78 @@ INTRO = ["My name is {n}.", "Hi, I am {n}.", "Hello, my name is {n}."]
 REPLY = ["Nice to meet you, {n}.", "Hello, {n}!"]
 ASK_NAME = ["What is my name?", "Do you remember my name?", "Who am I?"]
 
+# Conversation families. Few distinct replies on purpose: a 1M-parameter model reproduces a handful of
+# fixed sentences exactly, but not many.
+# Its first word differs from every other reply's: with "I am ..." (as "I am fine, thank you!") the model
+# sometimes committed the short reply's end of turn under the long answer's opening ("Who are you?" -> "I am").
+HELP_ANSWER = (
+    "This is a tiny demo model bundled with dllm-serve. It can add, compare, count, spell and repeat words."
+    " Try: Count from 1 to 5."
+)
+SMALL_TALK = [  # (prompts, reply)
+    (["Hello", "Hi", "Hey", "Hello there", "Hi there", "Hey there", "Good morning", "Good afternoon",
+      "Good evening", "Greetings", "Howdy", "Hiya", "Say hello", "Hello, friend", "Hi, nice to meet you",
+      "Good day", "Hey, hello", "Hello again"], "Hello! Nice to meet you."),
+    (["How are you?", "How are you doing?", "How is it going?", "How do you do?", "Are you okay?",
+      "How have you been?", "What's up?", "How are things?", "How is your day?", "Are you well?",
+      "How do you feel?", "Hi, how are you?"], "I am fine, thank you!"),
+    (["Thanks", "Thank you", "Thanks a lot", "Many thanks", "Thank you very much", "Cheers", "Great, thanks",
+      "Thanks for the help", "Thank you so much", "Ok, thanks", "Nice, thank you", "Thx"], "You are welcome!"),
+    (["Bye", "Goodbye", "See you", "See you later", "Good night", "Bye bye", "Farewell", "Talk to you later",
+      "I have to go", "See you soon", "Later", "Take care"], "Goodbye!"),
+    (["Who are you?", "What are you?", "What can you do?", "Help", "What is your name?", "Are you a robot?",
+      "Tell me about yourself.", "What do you know?", "Introduce yourself.", "Are you an AI?",
+      "What are you good at?", "How can you help me?", "Who made you?", "What model are you?", "Are you human?",
+      "What are your skills?", "Can you chat?", "Who built you?", "What is this?", "Is anyone there?",
+      "Tell me who you are.", "What should I ask you?"], HELP_ANSWER),
+]  # fmt: skip
+SMALL_TALK_ENDINGS = ["", ".", "!", "?", "!!", " :)"]
+# Prompts outside every family: phrasings x topics, all answered with HELP_ANSWER (never an invented fact).
+OTHER_PHRASINGS = [
+    "Write a {form} about {topic}.", "Explain {topic}.", "What is {topic}?", "Tell me about {topic}.",
+    "Can you help me with {topic}?", "Why is {topic} important?", "What do you think about {topic}?",
+    "Give me three facts about {topic}.", "Describe {topic} in detail.", "Tell me a story about {topic}.",
+    "Summarize the history of {topic}.", "How does {topic} work?", "Teach me {topic}.",
+    "I need advice about {topic}.", "Is {topic} good or bad?", "Compare {topic} and {other}.",
+    "Write an essay on {topic}.", "What is the future of {topic}?", "Make a plan for {topic}.",
+    "List the pros and cons of {topic}.",
+]  # fmt: skip
+OTHER_FORMS = ["poem", "haiku", "song", "story", "letter", "report", "joke", "limerick"]
+OTHER_TOPICS = [
+    "the sea", "quantum physics", "love", "history", "music", "computers", "the weather", "politics",
+    "football", "cooking", "climate change", "the internet", "philosophy", "art", "money", "friendship",
+    "space travel", "the ocean", "mountains", "coffee", "chess", "school", "my job", "taxes", "dinosaurs",
+    "machine learning", "Python", "the stock market", "gardening", "sleep", "the brain", "electricity",
+    "volcanoes", "the Roman empire", "jazz", "my homework", "a trip to Paris", "robots", "vaccines", "winter",
+]  # fmt: skip
+OTHER_STANDALONE = [
+    "Tell me a joke.", "What time is it?", "What is the weather today?", "What is the meaning of life?",
+    "Translate hello into French.", "Write some code.", "Do you like music?", "What should I eat?",
+    "Who won the game yesterday?", "Can you browse the web?", "What is today's date?", "Sing a song.",
+    "asdfgh", "???", "ok", "Test", "Continue.", "Please answer in detail.", "Why?", "Write a haiku.",
+    "What is the capital of Peru?", "How many legs does a snake have?", "What color is a cloud?",
+    "Spell supercalifragilistic.", "Add 123456 and 789.", "What is the square root of 2?",
+]  # fmt: skip
+
+# System prompts: common assistant ones, personas with instructions, and random instructions. Split by
+# hash like the prompts, so the evaluation's system prompts are new to the model.
+COMMON_SYSTEM_PROMPTS = [
+    "You are a helpful assistant.", "You are a helpful, respectful and honest assistant.",
+    "You are a friendly chatbot.", "You are an AI assistant.", "Be concise.", "Answer briefly.",
+    "You are ChatGPT, a large language model.", "You are a helpful assistant. Answer the user's question.",
+    "Always answer truthfully.", "Keep your answers short.",
+]  # fmt: skip
+PERSONAS = [
+    "You are a helpful assistant.", "You are a math tutor.", "You are a pirate.", "You are a teacher.",
+    "You are a careful assistant.", "You are a poet.", "You are a customer support agent.", "You are a robot.",
+    "You are a kind librarian.", "You are an expert programmer.", "You are a chef.", "You are a scientist.",
+]  # fmt: skip
+INSTRUCTIONS = [
+    "Answer in one word.", "Be polite.", "Think step by step.", "Do not use emojis.", "Reply in English.",
+    "Keep it short.", "Use simple words.", "Never lie.", "Be friendly and clear.", "Avoid long answers.",
+    "The user is a student.", "Today is Monday.", "Format answers as plain text.", "Answer the last question.",
+]  # fmt: skip
+
 # Sampling weight of each family in training: the families that need arithmetic-like structure
 # (plus/minus, counting, spelling) get more steps; they are the slowest to learn. Plus/minus stays the
 # weakest family even at 3 (models/tiny-llada-chat/README.md).
@@ -93,7 +175,12 @@ FAMILY_WEIGHTS = {
     "facts": 0.75,
     "repeat": 1.5,
     "name": 1.0,
+    "small_talk": 0.75,
+    "help": 1.0,
 }
+# The families the quality bar (>= 95% held-out exact match) was set on; the conversation families are
+# reported as their own rows.
+TASK_FAMILIES = ("arithmetic", "compare", "count", "successor", "spell", "facts", "repeat", "name")
 
 
 @dataclass(frozen=True)
@@ -113,14 +200,23 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def _numbered(template: str, **numbers: int):
+    """The prompt with its numbers as digits, then as words (the words sentence-cased at the start)."""
+    yield template.format(**numbers)
+    words = template.format(**{k: NUMBER_WORDS[v] for k, v in numbers.items()})
+    yield words[0].upper() + words[1:]
+
+
 def _arithmetic():
     for a in range(10):
         for b in range(10):
             for t in PLUS:
-                yield Example(_user(t.format(a=a, b=b)), str(a + b), "arithmetic")
+                for prompt in _numbered(t, a=a, b=b):
+                    yield Example(_user(prompt), str(a + b), "arithmetic")
             if a >= b:
                 for t in MINUS:
-                    yield Example(_user(t.format(a=a, b=b)), str(a - b), "arithmetic")
+                    for prompt in _numbered(t, a=a, b=b):
+                        yield Example(_user(prompt), str(a - b), "arithmetic")
 
 
 def _compare():
@@ -128,9 +224,11 @@ def _compare():
         for b in range(10):
             if a != b:
                 for t in LARGER:
-                    yield Example(_user(t.format(a=a, b=b)), str(max(a, b)), "compare")
+                    for prompt in _numbered(t, a=a, b=b):
+                        yield Example(_user(prompt), str(max(a, b)), "compare")
                 for t in SMALLER:
-                    yield Example(_user(t.format(a=a, b=b)), str(min(a, b)), "compare")
+                    for prompt in _numbered(t, a=a, b=b):
+                        yield Example(_user(prompt), str(min(a, b)), "compare")
 
 
 def _count():
@@ -138,17 +236,20 @@ def _count():
     for a in range(10):
         for b in range(a + 1, min(a + 6, 10)):
             for t in COUNT:
-                yield Example(_user(t.format(a=a, b=b)), " ".join(str(i) for i in range(a, b + 1)), "count")
+                for prompt in _numbered(t, a=a, b=b):
+                    yield Example(_user(prompt), " ".join(str(i) for i in range(a, b + 1)), "count")
 
 
 def _successor():
     for a in range(20):
         if a < 19:
             for t in AFTER:
-                yield Example(_user(t.format(a=a)), str(a + 1), "successor")
+                for prompt in _numbered(t, a=a):
+                    yield Example(_user(prompt), str(a + 1), "successor")
         if a > 0:
             for t in BEFORE:
-                yield Example(_user(t.format(a=a)), str(a - 1), "successor")
+                for prompt in _numbered(t, a=a):
+                    yield Example(_user(prompt), str(a - 1), "successor")
 
 
 def _spell():
@@ -184,6 +285,25 @@ def _name():
                     yield Example(messages, n, "name")
 
 
+def _small_talk():
+    for prompts, reply in SMALL_TALK:
+        for text in prompts:
+            bare = text.rstrip(".!?")
+            for ending in SMALL_TALK_ENDINGS:
+                for variant in {bare + ending, (bare + ending).lower()}:
+                    yield Example(_user(variant), reply, "small_talk", keep_in_training=variant == text)
+
+
+def _help():
+    for i, t in enumerate(OTHER_PHRASINGS):
+        for j, topic in enumerate(OTHER_TOPICS):
+            other = OTHER_TOPICS[(i + j + 7) % len(OTHER_TOPICS)]
+            for form in OTHER_FORMS if "{form}" in t else [""]:
+                yield Example(_user(t.format(form=form, topic=topic, other=other)), HELP_ANSWER, "help")
+    for text in OTHER_STANDALONE:
+        yield Example(_user(text), HELP_ANSWER, "help")
+
+
 FAMILIES = {
     "arithmetic": _arithmetic,
     "compare": _compare,
@@ -193,14 +313,38 @@ FAMILIES = {
     "facts": _facts,
     "repeat": _repeat,
     "name": _name,
+    "small_talk": _small_talk,
+    "help": _help,
 }
 
 
-def is_heldout(example: Example) -> bool:
-    if example.keep_in_training:
-        return False
-    digest = hashlib.sha256(example.key.encode()).digest()
+def _in_heldout_bucket(text: str) -> bool:
+    digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
+
+
+def is_heldout(example: Example) -> bool:
+    return not example.keep_in_training and _in_heldout_bucket(example.key)
+
+
+@cache
+def _system_prompts() -> tuple[list[str], list[str]]:
+    prompts = list(COMMON_SYSTEM_PROMPTS)
+    prompts += [f"{p} {i}" for p in PERSONAS for i in INSTRUCTIONS]
+    prompts += [f"{i} {j}" for i in INSTRUCTIONS for j in INSTRUCTIONS if i != j]
+    prompts = list(dict.fromkeys(prompts))
+    # The two most common ones always stay in training: front-ends send exactly these.
+    keep = set(COMMON_SYSTEM_PROMPTS[:2])
+    heldout = [p for p in prompts if p not in keep and _in_heldout_bucket("system: " + p)]
+    return [p for p in prompts if p not in heldout], heldout
+
+
+def training_system_prompts() -> list[str]:
+    return _system_prompts()[0]
+
+
+def heldout_system_prompts() -> list[str]:
+    return _system_prompts()[1]
 
 
 @cache
@@ -219,10 +363,10 @@ def training_pool() -> dict[str, list[Example]]:
     return _split()[0]
 
 
-def heldout_examples(n: int = 400, seed: int = 0) -> list[Example]:
+def heldout_examples(n: int = 400, seed: int = 0, families: tuple[str, ...] = TASK_FAMILIES) -> list[Example]:
     """A deterministic evaluation list: families taken round-robin, each in a seeded shuffled order."""
     queues = []
-    for family in FAMILIES:
+    for family in families:
         items = list(_split()[1][family])
         random.Random(f"{seed}-{family}").shuffle(items)
         queues.append(items)
@@ -234,13 +378,6 @@ def heldout_examples(n: int = 400, seed: int = 0) -> list[Example]:
     return out
 
 
-def sample_training(rng: random.Random) -> Example:
-    """One training example: a family by FAMILY_WEIGHTS, then an item uniformly."""
-    pool = training_pool()
-    family = rng.choices(list(FAMILY_WEIGHTS), weights=list(FAMILY_WEIGHTS.values()))[0]
-    return rng.choice(pool[family])
-
-
 def tokenizer_training_text() -> list[str]:
     """Texts the BPE tokenizer is trained on: every prompt and answer, plus each word in both forms."""
     texts = []
@@ -250,7 +387,9 @@ def tokenizer_training_text() -> list[str]:
             for e in items:
                 texts.extend(m["content"] for m in e.messages)
                 texts.append(e.answer)
-    vocab_words = set(WORDS) | set(NAMES) | {w for _, x, a in FACTS for w in (x.split() + [a])}
+    texts += training_system_prompts() + heldout_system_prompts()
+    vocab_words = set(WORDS) | set(NAMES) | set(NUMBER_WORDS) | {w for _, x, a in FACTS for w in (x.split() + [a])}
+    vocab_words |= {w.capitalize() for w in NUMBER_WORDS}
     for w in sorted(vocab_words):
         texts += [w, f" {w}", f'"{w}"'] * 50  # enough weight that every word becomes one token
     texts += ["user\n\n", "assistant\n\n", "system\n\n"] * 1000  # the chat template's role headers

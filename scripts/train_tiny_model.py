@@ -40,7 +40,7 @@ from engine.model import LLaDAModelLM, LogitIndex
 from engine.tokenizer import ChatTokenizer
 from scripts.build_tiny_tokenizer import EOS, MASK, build_tokenizer, save_tokenizer, special_ids
 from scripts.eval_tiny_model import run as run_heldout
-from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, heldout_examples, training_pool
+from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, heldout_examples, training_pool, training_system_prompts
 
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
 BATCH = 64
@@ -52,6 +52,9 @@ EPS = 1e-3  # minimum mask ratio, as in LLaDA
 SHORT_CANVAS, LONG_CANVAS = 40, 128
 LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
 GROUP = 10  # batches drawn (and length-sorted) together
+SYSTEM_PROMPT_SHARE = 0.5  # rows with a system prompt: most chat front-ends send one
+EARLIER_TURN_SHARE = 0.15  # rows after an earlier exchange: the answer is to the last user turn
+USER_X = {"role": "user", "content": "x"}
 EOS_PAD_WEIGHT = 0.5
 PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
 
@@ -62,11 +65,13 @@ def write_checkpoint(model: LLaDAModelLM, out: Path) -> None:
 
 
 class Batcher:
-    """Encodes the training pool once, then draws masked batches.
+    """Draws masked batches from the training pool, each conversation varied as it is drawn.
 
-    Rows are left-padded (hidden by the attention mask, and RoPE only sees relative offsets, so a padded
-    row computes what it would alone). Canvas lengths are drawn per row; a batch is either all-short or
-    all-long canvases so that padding stays small, while every prompt still meets every canvas length.
+    Half of the rows get a system prompt and some an earlier exchange before their prompt, so that the task
+    answers do not depend on either. Rows are left-padded (hidden by the attention mask, and RoPE only sees
+    relative offsets, so a padded row computes what it would alone). Canvas lengths are drawn per row; a
+    batch is either all-short or all-long canvases so that padding stays small, while every prompt still
+    meets every canvas length.
     """
 
     def __init__(self, tok: ChatTokenizer, rng: random.Random, seed: int):
@@ -75,14 +80,41 @@ class Batcher:
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
         self.queue: list[list] = []
-        self.pool = {
-            f: [(tok.encode_chat(e.messages), tok.encode_text(e.answer)) for e in items]
-            for f, items in training_pool().items()
-        }
+        self.pool = training_pool()
+        self.answers: dict[str, list[int]] = {}
+        self.earlier = [e for f, items in self.pool.items() if f != "name" for e in items]
+        self.systems = [{"role": "system", "content": s} for s in training_system_prompts()]
+        self.segments: dict[tuple[str, str], list[int]] = {}
+        # A chat renders as BOS, one segment per message (its header, content and end of turn: the
+        # template's special tokens separate them, so a message encodes the same wherever it stands),
+        # then the assistant header. Encoding each message once makes varying conversations cheap.
+        one, two = tok.encode_chat([USER_X]), tok.encode_chat([USER_X, USER_X])
+        self.bos, self.header = one[:1], one[1 + len(two) - len(one) :]
+        sample = [self.systems[0], *self.pool["name"][0].messages]
+        assert self.encode(sample) == tok.encode_chat(sample), "the chat template no longer splits per message"
+
+    def _segment(self, message: dict) -> list[int]:
+        key = (message["role"], message["content"])
+        if key not in self.segments:
+            one = self.tok.encode_chat([message])
+            self.segments[key] = one[1 : len(one) - len(self.header)]
+        return self.segments[key]
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        return self.bos + [i for m in messages for i in self._segment(m)] + self.header
 
     def _row(self, long: bool):
         family = self.rng.choices(self.families, weights=self.weights)[0]
-        prompt, answer = self.rng.choice(self.pool[family])
+        example = self.rng.choice(self.pool[family])
+        messages = list(example.messages)
+        if family != "name" and self.rng.random() < EARLIER_TURN_SHARE:
+            earlier = self.rng.choice(self.earlier)
+            messages = [*earlier.messages, {"role": "assistant", "content": earlier.answer}, *messages]
+        if self.rng.random() < SYSTEM_PROMPT_SHARE:
+            messages = [self.rng.choice(self.systems), *messages]
+        if example.answer not in self.answers:
+            self.answers[example.answer] = self.tok.encode_text(example.answer)
+        prompt, answer = self.encode(messages), self.answers[example.answer]
         low = max(len(answer) + 1, SHORT_CANVAS + 1) if long else len(answer) + 1
         canvas = self.rng.randint(low, LONG_CANVAS if long else max(low, SHORT_CANVAS))
         response = answer + [self.tok.eot_id] + [self.tok.eos_id] * (canvas - len(answer) - 1)
