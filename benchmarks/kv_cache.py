@@ -1,6 +1,7 @@
 """Approximate KV cache and threshold decoding (Fast-dLLM) on the embedded model: speed, accuracy, batching.
 
-In one process, at gen 256 with blocks of 32 (the shape Fast-dLLM reports for LLaDA-8B), three parts:
+In one process, at gen 256 (or --gen-length) with blocks of 32 (the shape Fast-dLLM reports for LLaDA-8B),
+three parts:
 
 1. Speed, interleaved prompt by prompt (each prompt runs every row in turn, rotating the order, so that
    background load hits all rows alike): the official LLaDA loop (benchmarks/reference_loop.py), the engine
@@ -15,7 +16,8 @@ In one process, at gen 256 with blocks of 32 (the shape Fast-dLLM reports for LL
 3. Batching: 8 concurrent cached requests through the scheduler vs the same 8 one after another, against
    the ceiling a forward sweep measures (8 single cached steps vs one shared step of 8).
 
-Usage: python benchmarks/kv_cache.py [--limit 400] [--timing-prompts 24] [--plot docs/kv_cache.png] [--json F]
+Usage: python benchmarks/kv_cache.py [--gen-length 256] [--limit 400] [--timing-prompts 24] [--plot docs/kv_cache.png]
+       [--json F]
 """
 
 from __future__ import annotations
@@ -38,29 +40,52 @@ from benchmarks.reference_loop import reference_generate  # noqa: E402
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig  # noqa: E402
 from scripts.tiny_chat_corpus import heldout_examples  # noqa: E402
 
-GEN, BLOCK = 256, 32
-ONE_TOKEN_PER_STEP = dict(gen_length=GEN, block_length=BLOCK, num_denoising_steps=GEN)
-THRESHOLD = dict(gen_length=GEN, block_length=BLOCK, confidence_threshold=0.9)
+BLOCK = 32
 REFERENCE = "reference loop (official)"
 NONE_ROW = "none, 1 token/step"
 
-# Part 1: (row, sampling parameters); None = the official loop. Early exit off except in the last row.
-SPEED_ROWS = [
-    (REFERENCE, None),
-    (NONE_ROW, dict(ONE_TOKEN_PER_STEP, early_exit=False)),
-    ("prefix, 1 token/step", dict(ONE_TOKEN_PER_STEP, kv_cache="prefix", early_exit=False)),
-    ("dual, 1 token/step", dict(ONE_TOKEN_PER_STEP, kv_cache="dual", early_exit=False)),
-    ("none, τ 0.9", dict(THRESHOLD, early_exit=False)),
-    ("dual, τ 0.9", dict(THRESHOLD, kv_cache="dual", early_exit=False)),
-    ("dual, τ 0.9, early exit", dict(THRESHOLD, kv_cache="dual")),
-]
-# Part 2: every cache mode with and without the threshold, early exit on.
-ACCURACY_ROWS = [
-    (f"{mode}, {rule}", dict(base, kv_cache=mode))
-    for rule, base in (("1 token/step", ONE_TOKEN_PER_STEP), ("τ 0.9", THRESHOLD))
-    for mode in ("none", "prefix", "dual")
-]
-BATCHED = dict(ONE_TOKEN_PER_STEP, kv_cache="dual", early_exit=False)  # part 3: a fixed amount of work
+
+@dataclass(frozen=True)
+class Plan:
+    """The rows of the three parts for one canvas size."""
+
+    gen: int
+    one_token_per_step: dict
+    speed_rows: list  # part 1: (row, sampling parameters); None = the official loop
+    accuracy_rows: list  # part 2
+    batched: dict  # part 3: a fixed amount of work
+
+    @classmethod
+    def for_gen(cls, gen: int) -> Plan:
+        one_token_per_step = dict(gen_length=gen, block_length=BLOCK, num_denoising_steps=gen)
+        threshold = dict(gen_length=gen, block_length=BLOCK, confidence_threshold=0.9)
+        return cls(
+            gen=gen,
+            one_token_per_step=one_token_per_step,
+            # Early exit off except in the last row: every request computes its whole canvas.
+            speed_rows=[
+                (REFERENCE, None),
+                (NONE_ROW, dict(one_token_per_step, early_exit=False)),
+                ("prefix, 1 token/step", dict(one_token_per_step, kv_cache="prefix", early_exit=False)),
+                ("dual, 1 token/step", dict(one_token_per_step, kv_cache="dual", early_exit=False)),
+                ("none, τ 0.9", dict(threshold, early_exit=False)),
+                ("dual, τ 0.9", dict(threshold, kv_cache="dual", early_exit=False)),
+                ("dual, τ 0.9, early exit", dict(threshold, kv_cache="dual")),
+            ],
+            # Every cache mode with and without the threshold, early exit on.
+            accuracy_rows=[
+                (f"{mode}, {rule}", dict(base, kv_cache=mode))
+                for rule, base in (("1 token/step", one_token_per_step), ("τ 0.9", threshold))
+                for mode in ("none", "prefix", "dual")
+            ],
+            batched=dict(one_token_per_step, kv_cache="dual", early_exit=False),
+        )
+
+
+# Fast-dLLM's shape by default; `--gen-length` replaces it before anything runs. The embedded model was
+# trained on canvases of at most 128 tokens: its accuracy means something up to there.
+DEFAULT_GEN = 256
+PLAN = Plan.for_gen(DEFAULT_GEN)
 
 
 @dataclass
@@ -101,21 +126,21 @@ class AccuracyRow:
 
 def speed(engine: DiffusionEngine, examples) -> list[SpeedRow]:
     timer = ForwardTimer(engine.model)
-    seconds = {name: 0.0 for name, _ in SPEED_ROWS}
+    seconds = {name: 0.0 for name, _ in PLAN.speed_rows}
     forward_seconds = dict(seconds)
-    forwards = {name: 0 for name, _ in SPEED_ROWS}
-    params = {name: SamplingParams(**kwargs) for name, kwargs in SPEED_ROWS if kwargs is not None}
+    forwards = {name: 0 for name, _ in PLAN.speed_rows}
+    params = {name: SamplingParams(**kwargs) for name, kwargs in PLAN.speed_rows if kwargs is not None}
     for index, example in enumerate(examples):
         prompt = engine.tokenizer.encode_chat(example.messages)
-        rotation = index % len(SPEED_ROWS)
+        rotation = index % len(PLAN.speed_rows)
         outputs = {}
-        for name, _ in SPEED_ROWS[rotation:] + SPEED_ROWS[:rotation]:
+        for name, _ in PLAN.speed_rows[rotation:] + PLAN.speed_rows[:rotation]:
             forward_before = timer.seconds
             start = time.perf_counter()
             if name == REFERENCE:
                 mask_id = engine.tokenizer.mask_id
                 canvas, passes = reference_generate(
-                    engine.model, prompt, gen_length=GEN, block_length=BLOCK, steps=GEN, mask_id=mask_id
+                    engine.model, prompt, gen_length=PLAN.gen, block_length=BLOCK, steps=PLAN.gen, mask_id=mask_id
                 )
             else:
                 result = engine.generate(prompt_token_ids=prompt, params=params[name])
@@ -126,14 +151,14 @@ def speed(engine: DiffusionEngine, examples) -> list[SpeedRow]:
             outputs[name] = canvas
         assert outputs[NONE_ROW] == outputs[REFERENCE], f"the engine differs from the reference loop on {example}"
     rows = []
-    for name, _ in SPEED_ROWS:
+    for name, _ in PLAN.speed_rows:
         rows.append(
             SpeedRow(
                 name,
                 seconds[name],
                 forward_seconds[name],
                 forwards[name] / len(examples),
-                GEN * len(examples) / seconds[name],
+                PLAN.gen * len(examples) / seconds[name],
                 vs_none=seconds[NONE_ROW] / seconds[name],
                 vs_reference=seconds[REFERENCE] / seconds[name],
                 forward_vs_none=forward_seconds[NONE_ROW] / forward_seconds[name],
@@ -145,7 +170,7 @@ def speed(engine: DiffusionEngine, examples) -> list[SpeedRow]:
 def accuracy(engine: DiffusionEngine, examples) -> list[AccuracyRow]:
     texts: dict[str, list[str]] = {}
     rows = []
-    for name, kwargs in ACCURACY_ROWS:
+    for name, kwargs in PLAN.accuracy_rows:
         params = SamplingParams(**kwargs)
         start = time.perf_counter()
         results = [engine.generate(messages=e.messages, params=params) for e in examples]
@@ -158,7 +183,7 @@ def accuracy(engine: DiffusionEngine, examples) -> list[AccuracyRow]:
                 accuracy=sum(r.text.strip() == e.answer for r, e in zip(results, examples)) / len(examples),
                 identical_to_none=sum(a == b for a, b in zip(texts[name], baseline)) / len(examples),
                 forwards_per_request=sum(r.num_forward_passes for r in results) / len(examples),
-                canvas_tokens_per_s=GEN * len(examples) / seconds,
+                canvas_tokens_per_s=PLAN.gen * len(examples) / seconds,
             )
         )
     return rows
@@ -167,7 +192,7 @@ def accuracy(engine: DiffusionEngine, examples) -> list[AccuracyRow]:
 def cached_step_sweep(engine: DiffusionEngine, prompts: list[list[int]], rounds: int = 6) -> float:
     """The ceiling of batching cached steps: seconds of `len(prompts)` single dual-cached steps over the
     seconds of one step that shares them, alternated step by step inside the first block."""
-    params = SamplingParams(**BATCHED)
+    params = SamplingParams(**PLAN.batched)
     requests = [engine.new_request(prompt_token_ids=p, params=params) for p in prompts]
     for request in requests:
         engine.step([request])  # each block's first forward fills the cache; the next steps are cached
@@ -184,7 +209,7 @@ def cached_step_sweep(engine: DiffusionEngine, prompts: list[list[int]], rounds:
 
 
 async def batched_run(engine: DiffusionEngine, prompts: list[list[int]], concurrent: bool) -> float:
-    params = SamplingParams(**BATCHED)
+    params = SamplingParams(**PLAN.batched)
     start = time.perf_counter()
     if concurrent:
         await asyncio.gather(*(engine.agenerate(prompt_token_ids=p, params=params) for p in prompts))
@@ -210,7 +235,7 @@ def batching(engine: DiffusionEngine, examples, concurrency: int, rounds: int) -
 
 
 def print_speed(rows: list[SpeedRow], count: int) -> None:
-    print(f"\n1. speed: gen {GEN}, block {BLOCK}, {count} prompts interleaved (batch 1)")
+    print(f"\n1. speed: gen {PLAN.gen}, block {BLOCK}, {count} prompts interleaved (batch 1)")
     print(f"| {'row':26} | forwards | canvas tok/s | × none | × none, model forwards only | × reference |")
     print(f"|{'-' * 28}|----------|--------------|--------|----------------------------|-------------|")
     for r in rows:
@@ -221,7 +246,7 @@ def print_speed(rows: list[SpeedRow], count: int) -> None:
 
 
 def print_accuracy(rows: list[AccuracyRow], count: int) -> None:
-    print(f"\n2. accuracy: {count} held-out prompts, gen {GEN}, block {BLOCK}, early exit on")
+    print(f"\n2. accuracy: {count} held-out prompts, gen {PLAN.gen}, block {BLOCK}, early exit on")
     print(f"| {'row':20} | accuracy | identical to none | forwards | canvas tok/s |")
     print(f"|{'-' * 22}|----------|-------------------|----------|--------------|")
     for r in rows:
@@ -247,13 +272,14 @@ def plot(rows: list[AccuracyRow], reference: SpeedRow, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("canvas tokens/s, batch 1 (log scale)")
     ax.set_ylabel("held-out exact match (%)")
-    ax.set_title(f"Embedded model, gen {GEN} block {BLOCK}: KV cache and threshold decoding")
+    ax.set_title(f"Embedded model, gen {PLAN.gen} block {BLOCK}: KV cache and threshold decoding")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main() -> None:
+    global PLAN
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory or hub id (default: the embedded model)")
     ap.add_argument("--limit", type=int, default=400, help="held-out prompts for the accuracy part")
@@ -261,14 +287,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the batching part")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the CPU service default is 1)")
+    ap.add_argument("--gen-length", type=int, default=DEFAULT_GEN, help="canvas size of every part (blocks stay 32)")
     ap.add_argument("--plot", type=Path, default=None, help="write the accuracy-vs-speed plot here")
     ap.add_argument("--json", type=Path, default=None, help="also write every number to this file")
     args = ap.parse_args()
+    PLAN = Plan.for_gen(args.gen_length)
 
     torch.set_num_threads(args.threads)
     engine = DiffusionEngine.from_pretrained(args.model, device="cpu")
     examples = heldout_examples(max(args.limit, args.timing_prompts, args.concurrency))
-    engine.generate(messages=examples[0].messages, params=SamplingParams(**ONE_TOKEN_PER_STEP))  # warm-up
+    engine.generate(messages=examples[0].messages, params=SamplingParams(**PLAN.one_token_per_step))  # warm-up
     print(f"model {engine.model_name}, {torch.get_num_threads()} torch thread(s), CPU")
 
     speed_rows = speed(engine, examples[: args.timing_prompts])
