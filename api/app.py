@@ -229,9 +229,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 404:
         return error_response(APIError.not_found(request.method, request.url.path))
-    if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "").split(", ")
-        return error_response(APIError.method_not_allowed(request.method, request.url.path, allowed))
     return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 

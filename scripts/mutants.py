@@ -607,8 +607,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "api-405-as-generic-error",
         "api/app.py",
-        "if exc.status_code == 405:",
-        "if False:",
+        "    if allowed:\n        raise APIError.method_not_allowed",
+        "    if False:\n        raise APIError.method_not_allowed",
         "a wrong method on a /v1 route is a 405 method_not_allowed with an Allow header",
         ("tests/test_http_protocol.py::test_wrong_method_on_a_v1_route",),
     ),
