@@ -1,7 +1,7 @@
 """Tokenizer glue: chat template, special ids, and encoding that never lets user text become a special token.
 
-A user who types "<|mdm_mask|>" (LLaDA) or "<|mask|>" (Dream) must not create a masked position (the
-sampler would fill it), nor forge a turn header. So the chat template is rendered with placeholders in
+A user who types "<|mdm_mask|>" (LLaDA) or "<|mask|>" (Dream, LLaDA2) must not create a masked position
+(the sampler would fill it), nor forge a turn header. So the chat template is rendered with placeholders in
 place of each message's content: special tokens are taken only from the template's own text, and the
 text around them (template text and contents alike) is encoded with special tokens split into ordinary
 text.
@@ -11,6 +11,9 @@ tokenizer cuts its input at special tokens first and encodes each run between th
 cutting at the template's special tokens gives the official ids whenever the user text contains no
 special token. Encoding template text and content separately would not: Dream's template puts "user\n"
 right before the content, and a content starting with "\n" joins that newline into one "\n\n" token.
+
+LLaDA2's template does not trim either: a leading system message is followed by "\ndetailed thinking off"
+in the same run, and a user turn sits between "</role>" and "<|role_end|>", both special tokens.
 
 A template that trims the content (LLaDA's) leaves no whitespace at the content's edges to join across,
 and there the content stays a run of its own: for LLaDA's tokenizer that gives the same ids as one run,
@@ -22,20 +25,24 @@ from __future__ import annotations
 
 import re
 import uuid
+import warnings
 from pathlib import Path
 
 from engine.config import LLADA_EOS_ID, LLADA_EOT_ID, LLADA_MASK_ID, ModelConfig, read_config
 
-# The token that ends an assistant turn, per family (the other stop token is the config's EOS).
-END_OF_TURN_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
+# The token that ends an assistant turn, per family (the other stop token is the config's EOS). LLaDA2's
+# template closes every turn with <|role_end|>. Its official generate() stops on EOS only (id 156892, also
+# config.json's pad id), and dFactory's SFT code pads each conversation, after its closing <|role_end|>, with
+# the pad token: the model writes <|role_end|> then EOS, so cutting at the first of either gives the same text.
+END_OF_TURN_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "llada2": "<|role_end|>"}
 EOT_TOKEN = END_OF_TURN_TOKENS["llada"]
 
 
 def load_hf_tokenizer(model_dir: str | Path, family: str):
     """The checkpoint's tokenizer, without running any code from the checkpoint.
 
-    LLaDA ships a tokenizer.json. Dream ships only vocab.json + merges.txt and names its remote-code class
-    `DreamTokenizer`, which is transformers' Qwen2 tokenizer renamed: loading it as `Qwen2Tokenizer` gives
+    LLaDA and LLaDA2 ship a tokenizer.json. Dream ships only vocab.json + merges.txt and names its remote-code
+    class `DreamTokenizer`, which is transformers' Qwen2 tokenizer renamed: loading it as `Qwen2Tokenizer` gives
     the same ids without remote code (checked on the fixture's prompts and strings).
     """
     from transformers import AutoTokenizer, Qwen2Tokenizer
@@ -44,9 +51,12 @@ def load_hf_tokenizer(model_dir: str | Path, family: str):
     hf_logging.set_verbosity_error()  # silence the "model of type llada/Dream" notice: we only load a tokenizer
     if family == "dream":
         return Qwen2Tokenizer.from_pretrained(str(model_dir))
-    # trust_remote_code=False: LLaDA's config carries auto_map, and transformers 5 would otherwise ask
-    # interactively whether to run the remote code. It then falls back to a plain tokenizer.
-    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    # trust_remote_code=False: LLaDA's and LLaDA2's configs carry auto_map, and transformers 5 would otherwise
+    # ask interactively whether to run the remote code. It then falls back to a plain tokenizer. Reading that
+    # config warns about LLaDA2's `rope_scaling: null` key, which concerns the model, not the tokenizer.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`rope_scaling` is deprecated", category=FutureWarning)
+        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
 
 
 class ChatTokenizer:

@@ -8,6 +8,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada-tiny"
 DREAM_FIXTURE_DIR = TESTS_DIR / "fixtures" / "dream-tiny"
+LLADA2_CHAT_FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada2-chat-tiny"
 EMBEDDED_MODEL_DIR = REPO_ROOT / "models" / "tiny-llada-chat"
 FAST_DLLM_DIR = TESTS_DIR / "fixtures" / "fast-dllm"
 
