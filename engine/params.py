@@ -112,9 +112,11 @@ class SamplingParams:
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
             )
 
-        if self.confidence_threshold is None or self.num_denoising_steps is not None:
-            # With a threshold, a step count is the block-diffusion (LLaDA2.0) minimum quota per forward; the
-            # engine refuses it for the other families (THRESHOLD_WITH_STEPS_RULE).
+        # Threshold decoding and LLaDA2.1 (editing) have no step count unless one is given; with a threshold it is
+        # the block-diffusion (LLaDA2.0) minimum quota per forward (engine/family_rules.py refuses it elsewhere).
+        if self.num_denoising_steps is not None or (
+            self.confidence_threshold is None and self.editing_threshold is None
+        ):
             self._resolve_steps(set_)
 
         if self.block_schedule is not None and self.block_schedule not in BLOCK_SCHEDULES:
