@@ -150,7 +150,9 @@ class BlockDiffusionRequest:
         else:
             # Gumbel-max samples softmax(logits / T); the confidence is the drawn token's tempered probability,
             # as the official sampler reports it.
-            probs = torch.softmax(logits.double() / p.temperature, dim=-1)
+            # Shifted by the maximum before dividing, so that a tiny T gives -inf (not inf - inf) off the maximum.
+            shifted = logits.double() - logits.double().amax(-1, keepdim=True)
+            probs = torch.softmax(shifted / p.temperature, dim=-1)
             uniform = torch.rand(logits.shape, generator=self.generator, device=logits.device, dtype=torch.float64)
             prediction = (logits.double() - p.temperature * torch.log(-torch.log(uniform))).argmax(-1)
         confidence = probs.gather(-1, prediction[:, None]).squeeze(-1).float()

@@ -1,6 +1,8 @@
 """Block diffusion (LLaDA2) beyond the reference cases: decision rules at their edges, streaming with editing,
 the exact KV cache's spans, size and release, and which knobs each family refuses."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -231,3 +233,36 @@ def test_editing_knob_defaults():
 def test_the_fixture_meta_pins_the_special_ids():
     meta = llada2_cases()["meta"]
     assert (meta["eos_id"], meta["mask_id"]) == (EOS, MASK)
+
+
+def test_a_stop_string_cuts_the_text_and_ends_the_request(llada2_engine):
+    case = next(c for c in CASES if c["id"] == "a01_llada20")
+    full = llada2_engine.generate(prompt_token_ids=case["prompt_ids"], params=params_of(case))
+    stop = TokenIdText().decode([full.token_ids[5]])
+    cut = full.text[: full.text.index(stop)]
+    params = dataclasses.replace(params_of(case), stop=(stop,))
+    result = llada2_engine.generate(prompt_token_ids=case["prompt_ids"], params=params)
+    assert (result.text, result.finish_reason) == (cut, "stop")
+    assert TokenIdText().decode(result.token_ids).startswith(cut)
+    assert result.num_forward_passes < full.num_forward_passes
+
+
+@pytest.mark.parametrize("temperature", [1e-308, 0.7])
+@pytest.mark.parametrize("editing_threshold", [None, 0.5])
+def test_sampling_is_reproducible_by_seed_and_finite_at_any_temperature(llada2_engine, temperature, editing_threshold):
+    params = SamplingParams(
+        gen_length=16,
+        block_length=8,
+        temperature=temperature,
+        seed=3,
+        confidence_threshold=0.8,
+        editing_threshold=editing_threshold,
+        early_exit=False,
+    )
+    runs = [llada2_engine.generate(prompt_token_ids=list(range(20)), params=params) for _ in range(2)]
+    assert runs[0].canvas_ids == runs[1].canvas_ids
+    assert all(t < EOS for t in runs[0].token_ids)
+    if temperature < 1e-300 and editing_threshold is None:
+        # The tempered distribution is a point mass: confidence 1 > τ everywhere, so a block takes one forward
+        # (a NaN confidence would fail every comparison and fall back to one token per forward).
+        assert runs[0].num_forward_passes <= 3  # the canvas has 3 blocks
