@@ -109,3 +109,16 @@ def test_cached_forward_equals_the_full_forward(model, reference):
         last = torch.arange(2 * block, length)[None]
         cached = model(ids[:, 2 * block :], kv=BlockKVFrame(buffer, last, last, None))
     assert torch.allclose(cached[0], full[0, 2 * block :], atol=1e-5, rtol=0)
+
+
+def test_the_shipped_21_mask_added_as_0_1_is_reproduced_as_an_additive_mask(model):
+    """forwards[1]: the 0/1 mask the shipped 2.1 code adds to the scores (hiding nothing). Our forward takes any
+    additive mask, so it reproduces those logits too; the sampler never uses this mask."""
+    shipped = json.loads((LLADA2_FIXTURE_DIR / "forward_logits.json").read_text())["forwards"][1]
+    assert shipped["mask_kind"] == "zero_one_as_shipped"
+    ids = torch.tensor([shipped["input_ids"]])
+    additive = torch.tensor(shipped["attention_mask_01"], dtype=torch.float32)[None, None]
+    with torch.inference_mode():
+        logits = model(ids, attention_mask=additive)
+    assert logits[0].argmax(-1).tolist() == shipped["argmax"]
+    assert torch.allclose(logits[0], torch.tensor(shipped["logits_rounded_1e4"]), atol=TOLERANCE, rtol=0)
