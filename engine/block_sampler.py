@@ -102,11 +102,8 @@ class BlockDiffusionRequest:
 
     @property
     def length(self) -> int:
+        """Positions of the whole canvas, prompt included (what the cache holds)."""
         return self.canvas_length
-
-    @property
-    def uses_kv_cache(self) -> bool:
-        return True
 
     @property
     def block_start(self) -> int:

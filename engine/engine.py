@@ -91,8 +91,8 @@ class DiffusionEngine:
     ) -> DiffusionEngine:
         """Load a checkpoint: a local directory, a hub id, or (None) the embedded model.
 
-        The family (LLaDA / LLaDA-1.5, or Dream / DiffuCoder) is read from its config.json; no code from the
-        checkpoint is run.
+        The family (LLaDA / LLaDA-1.5, Dream / DiffuCoder, or LLaDA2.x) is read from its config.json; no code
+        from the checkpoint is run.
 
         dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
         scheduler_config: how the scheduler batches requests; None → `SchedulerConfig.from_env()`.
