@@ -1,4 +1,4 @@
-"""dllm-serve's engine: native LLaDA model, diffusion sampler, batching scheduler. No HTTP here."""
+"""dllm-serve's engine: native LLaDA, Dream and LLaDA2 models, diffusion samplers, batching scheduler. No HTTP here."""
 
 from engine.engine import DiffusionEngine
 from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter

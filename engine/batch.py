@@ -18,6 +18,7 @@ from itertools import chain
 
 import torch
 
+from engine.block_sampler import BlockDiffusionRequest
 from engine.model import KVFrame, LLaDAModelLM, LogitIndex
 from engine.sampler import DenoisingRequest, StepEvent
 
@@ -52,7 +53,15 @@ def denoise_step(
     model: LLaDAModelLM, requests: list[DenoisingRequest], device: torch.device, pad_id: int
 ) -> list[StepEvent | Exception]:
     """Advance every request by one step. A request whose sampler step raises gets its exception back
-    in its slot; the others are unaffected. A failing forward raises (it concerns the whole batch)."""
+    in its slot; the others are unaffected. A failing forward raises (it concerns the whole batch).
+
+    Block-diffusion requests (LLaDA2) take a step of their own, engine/block_step.py; a model holds one
+    family, so a batch is all of one kind.
+    """
+    if isinstance(requests[0], BlockDiffusionRequest):
+        from engine.block_step import block_denoise_step  # it imports this module's helpers
+
+        return block_denoise_step(model, requests, device, pad_id)
     width = max(r.length for r in requests)
     rows = [_Row(r, r.candidate_offsets(), width - r.length, *r.forward_span()) for r in requests]
     if any(r.uses_kv_cache for r in requests):

@@ -5,7 +5,7 @@ remote code fails under transformers 5, so we read the keys that determine the m
 any flag whose value would change the math in a way this implementation does not cover. The family is
 decided by `model_type` / `architectures` alone: nothing from the checkpoint is ever executed.
 
-Both config classes expose what the rest of the engine needs under the same names (`vocab_size`,
+The config classes expose what the rest of the engine needs under the same names (`vocab_size`,
 `max_sequence_length`, `mask_token_id`, `eos_token_id`, `pad_token_id`, `family`, `sampler_defaults`).
 """
 
@@ -220,20 +220,120 @@ class DreamConfig:
         )
 
 
-ModelConfig = LLaDAConfig | DreamConfig
+# LLaDA2.x keys whose other values the official `modeling_llada2_moe.py` computes differently (or that no
+# checkpoint of the family has used): biases, untied or normalised heads, scaled RoPE, softmax routing.
+_LLADA2_REQUIRED_FLAGS = {
+    "hidden_act": "silu",
+    "use_qkv_bias": False,
+    "use_bias": False,
+    "use_qk_norm": True,
+    "tie_word_embeddings": False,
+    "rope_scaling": None,
+    "norm_head": False,
+    "moe_router_enable_expert_bias": True,
+}
+
+
+@dataclass(frozen=True)
+class LLaDA2Config:
+    """LLaDA2.0 / LLaDA2.1 (`model_type: llada2_moe`): a block-diffusion MoE (tests/fixtures/llada2-tiny/README.md).
+
+    Attention is causal between blocks and bidirectional inside one, so the sampler keeps an exact KV cache
+    (engine/block_sampler.py); the block length is a request setting, not a config key.
+    """
+
+    family: ClassVar[str] = "llada2"
+    # No schedule choice and one confidence metric: the official samplers rank by the top-1 probability.
+    sampler_defaults: ClassVar[SamplerDefaults] = SamplerDefaults("uniform", "top1_prob")
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_hidden_layers: int
+    intermediate_size: int  # the dense MLP of the first `first_k_dense_replace` layers
+    moe_intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    num_shared_experts: int
+    first_k_dense_replace: int
+    routed_scaling_factor: float
+    partial_rotary_factor: float
+    vocab_size: int
+    mask_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 600000.0
+    max_sequence_length: int = 32768  # `max_position_embeddings`
+
+    @property
+    def rotary_dim(self) -> int:
+        # The official code takes int(head_dim × partial_rotary_factor); config.json's own `rotary_dim` is not read.
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> LLaDA2Config:
+        for key, expected in _LLADA2_REQUIRED_FLAGS.items():
+            if key in raw and raw[key] != expected:
+                raise ValueError(f"unsupported LLaDA2 config: {key}={raw[key]!r} (only {expected!r} is implemented)")
+        if raw.get("score_function", "sigmoid") != "sigmoid":
+            raise ValueError(f"unsupported LLaDA2 config: score_function={raw['score_function']!r} (only 'sigmoid')")
+        hidden, heads = raw["hidden_size"], raw["num_attention_heads"]
+        experts, groups = raw["num_experts"], raw["n_group"]
+        if experts % groups or experts // groups < 2:
+            # Group scores are the sum of each group's two best experts.
+            raise ValueError(f"unsupported LLaDA2 config: {experts} experts in {groups} groups (need ≥ 2 per group)")
+        if raw.get("mask_token_id") is None:
+            raise ValueError("LLaDA2 config.json has no mask_token_id: cannot tell which token is the mask")
+        rotary = int((raw.get("head_dim") or hidden // heads) * raw.get("partial_rotary_factor", 1.0))
+        if rotary % 2:
+            raise ValueError(f"unsupported LLaDA2 config: an odd rotary dimension ({rotary})")
+        eos = raw["eos_token_id"]
+        return cls(
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or hidden // heads,
+            num_hidden_layers=raw["num_hidden_layers"],
+            intermediate_size=raw["intermediate_size"],
+            moe_intermediate_size=raw["moe_intermediate_size"],
+            num_experts=experts,
+            num_experts_per_tok=raw["num_experts_per_tok"],
+            n_group=groups,
+            topk_group=raw["topk_group"],
+            num_shared_experts=raw.get("num_shared_experts") or 0,
+            first_k_dense_replace=raw.get("first_k_dense_replace", 0),
+            routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+            partial_rotary_factor=float(raw.get("partial_rotary_factor", 1.0)),
+            vocab_size=raw["vocab_size"],
+            mask_token_id=raw["mask_token_id"],
+            eos_token_id=eos,
+            pad_token_id=raw.get("pad_token_id") if raw.get("pad_token_id") is not None else eos,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(raw.get("rope_theta", 600000.0)),
+            max_sequence_length=raw.get("max_position_embeddings", 32768),
+        )
+
+
+ModelConfig = LLaDAConfig | DreamConfig | LLaDA2Config
 
 
 def model_family(raw: dict) -> str:
-    """The family, "llada" or "dream", from config.json's `model_type` or `architectures` (never from remote code)."""
+    """The family ("llada", "dream" or "llada2") from config.json's model_type / architectures (no remote code)."""
     model_type = str(raw.get("model_type", "")).lower()
     architectures = set(raw.get("architectures") or ())
     if model_type == "llada" or "LLaDAModelLM" in architectures:
         return "llada"
     if model_type == "dream" or "DreamModel" in architectures:
         return "dream"
+    if model_type == "llada2_moe" or "LLaDA2MoeModelLM" in architectures:
+        return "llada2"
     raise ValueError(
         f"unsupported model: model_type={raw.get('model_type')!r}, architectures={sorted(architectures)} "
-        "(supported: LLaDA (model_type llada) and Dream / DiffuCoder (model_type Dream))"
+        "(supported: LLaDA (model_type llada), Dream / DiffuCoder (model_type Dream) and LLaDA2.x (llada2_moe))"
     )
 
 
@@ -241,8 +341,11 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     """The config of the checkpoint in `model_dir`, as the class of its family."""
     model_dir = Path(model_dir)
     raw = json.loads((model_dir / "config.json").read_text())
-    if model_family(raw) == "llada":
+    family = model_family(raw)
+    if family == "llada":
         return LLaDAConfig.from_dict(raw)
+    if family == "llada2":
+        return LLaDA2Config.from_dict(raw)
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else None
     return DreamConfig.from_dict(raw, generation)

@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 
 from engine.batch import denoise_step
+from engine.block_sampler import BlockDiffusionRequest
 from engine.errors import InvalidParameter
+from engine.family_rules import check_family_rules
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.memory import default_kv_cache_budget, mebibytes
 from engine.params import SamplingParams
@@ -89,8 +91,8 @@ class DiffusionEngine:
     ) -> DiffusionEngine:
         """Load a checkpoint: a local directory, a hub id, or (None) the embedded model.
 
-        The family (LLaDA / LLaDA-1.5, or Dream / DiffuCoder) is read from its config.json; no code from the
-        checkpoint is run.
+        The family (LLaDA / LLaDA-1.5, Dream / DiffuCoder, or LLaDA2.x) is read from its config.json; no code
+        from the checkpoint is run.
 
         dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
         scheduler_config: how the scheduler batches requests; None → `SchedulerConfig.from_env()`.
@@ -113,7 +115,7 @@ class DiffusionEngine:
 
     @property
     def family(self) -> str:
-        """The loaded model's family: "llada" or "dream"."""
+        """The loaded model's family: "llada", "dream" or "llada2"."""
         return self.model.config.family
 
     def prompt_ids(
@@ -227,14 +229,18 @@ class DiffusionEngine:
         params: SamplingParams | None = None,
         *,
         prompt: str | None = None,
-    ) -> DenoisingRequest:
+    ) -> DenoisingRequest | BlockDiffusionRequest:
         """Tokenize and validate one request; the result can be stepped alone or in a batch.
 
         Sampler fields the request left unset take the model family's defaults here, so the result (and the
         HTTP response's `diffusion` object) reports what actually ran.
         """
         defaults = self.model.config.sampler_defaults
-        params = (params or SamplingParams()).with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
+        params = params or SamplingParams()
+        check_family_rules(params, self.family)
+        params = params.with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
+        if self.family == "llada2":
+            return self._new_block_request(messages, prompt_token_ids, params, prompt)
         if params.kv_cache != "none" and self.family != "llada":
             # The cached forward (KVFrame) exists in the LLaDA model only; Dream's forward computes every position.
             raise InvalidParameter(
@@ -263,6 +269,39 @@ class DiffusionEngine:
             device=self.device,
             kv_cache_bytes=cache_bytes,
             timestep_eps=defaults.timestep_eps,
+        )
+
+    def _new_block_request(self, messages, prompt_token_ids, params: SamplingParams, prompt) -> BlockDiffusionRequest:
+        """A block-diffusion (LLaDA2) request. Its canvas is rounded up to whole blocks aligned to position 0,
+        so the model's length limit and the cache's size are counted on that."""
+        self.check_prompt_size(messages, prompt_token_ids, params, prompt=prompt)
+        ids = self.prompt_ids(messages, prompt_token_ids, prompt=prompt)
+        block = params.block_length
+        canvas = -(-(len(ids) + params.gen_length) // block) * block
+        if canvas > self.max_sequence_length:
+            raise InvalidParameter(
+                "gen_length",
+                f"the prompt ({len(ids)} tokens) plus the canvas ({params.gen_length} tokens), rounded up to whole "
+                f"blocks of {block}, is {canvas} tokens, more than the model's maximum sequence length "
+                f"({self.max_sequence_length})",
+            )
+        cache_bytes = self.model.kv_bytes(canvas)
+        budget = self.scheduler_config.kv_cache_budget_bytes
+        if cache_bytes > budget:
+            raise InvalidParameter(
+                "gen_length",
+                f"this request's block KV cache ({canvas} positions) needs {mebibytes(cache_bytes)}, more than the "
+                f"server's whole KV-cache budget ({mebibytes(budget)}, DLLM_KV_CACHE_BUDGET_MB); use a shorter "
+                "prompt or canvas",
+            )
+        return BlockDiffusionRequest(
+            ids,
+            params,
+            mask_id=self.tokenizer.mask_id,
+            stop_ids=self.tokenizer.stop_ids,
+            decode=self.tokenizer.decode,
+            device=self.device,
+            kv_cache_bytes=cache_bytes,
         )
 
     def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]:

@@ -9,13 +9,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.config import DreamConfig, LLaDAConfig, read_config
+from engine.config import DreamConfig, LLaDA2Config, LLaDAConfig, read_config
 from engine.dream import DreamModelLM
+from engine.llada2 import LLaDA2MoeModelLM
 from engine.model import LLaDAModelLM
 
-DiffusionLM = LLaDAModelLM | DreamModelLM
+DiffusionLM = LLaDAModelLM | DreamModelLM | LLaDA2MoeModelLM
 # One model class per family; each takes its config and has the forward contract engine/batch.py uses.
-MODEL_CLASSES = {LLaDAConfig: LLaDAModelLM, DreamConfig: DreamModelLM}
+MODEL_CLASSES = {LLaDAConfig: LLaDAModelLM, DreamConfig: DreamModelLM, LLaDA2Config: LLaDA2MoeModelLM}
 
 # The embedded default model, trained by scripts/train_tiny_model.py.
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat"
@@ -89,8 +90,10 @@ def compile_from_env() -> bool:
 
 
 def transformer_blocks(model: DiffusionLM) -> torch.nn.ModuleList:
-    """The repeated layers of either family (where all the compute is)."""
-    return model.model.layers if isinstance(model, DreamModelLM) else model.model.transformer.blocks
+    """The repeated layers of any family (where all the compute is)."""
+    if isinstance(model, (DreamModelLM, LLaDA2MoeModelLM)):
+        return model.model.layers
+    return model.model.transformer.blocks
 
 
 def compile_model(model: DiffusionLM) -> DiffusionLM:
@@ -117,7 +120,7 @@ def load_model(
     No full-precision copy of the weights is ever held in host memory: safetensors reads each tensor
     onto the target device and it is cast there, one tensor at a time (a bf16 checkpoint loaded in bf16
     is never cast at all).
-    The family (LLaDA or Dream) comes from config.json (`engine.config.read_config`); its own tensor names
+    The family (LLaDA, Dream or LLaDA2) comes from config.json (`engine.config.read_config`); its own tensor names
     must match exactly, so a checkpoint of another architecture fails here rather than computing garbage.
     compile: `torch.compile` the transformer blocks (`compile_model`); None → DLLM_COMPILE (off unless 1).
     """

@@ -31,6 +31,8 @@ LOCAL_LEAP_DEFAULTS = {
     "local_leap_radius": 4,
 }
 MAX_LOCAL_LEAP_RADIUS = 16
+# LLaDA2.1's knobs beside editing_threshold, and their defaults (the official generate()'s).
+BLOCK_DIFFUSION_EDIT_KNOBS = {"max_post_steps": 16, "min_tokens_per_step": 1}
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
@@ -62,7 +64,11 @@ class SamplingParams:
     kv_cache ("none" | "prefix" | "dual") and confidence_threshold (None or τ in (0, 1]) are Fast-dLLM's
     approximate KV cache and threshold decoding (docs/sampler.md). With a threshold, each forward commits the
     candidates with confidence ≥ τ plus the most confident one instead of a scheduled quota, so there is no
-    step count: `num_denoising_steps` must be left unset and stays None.
+    step count: `num_denoising_steps` stays None. Only on a block-diffusion model (LLaDA2.0) may both be set:
+    the steps' schedule is then each forward's minimum quota (the engine refuses the pair elsewhere).
+
+    editing_threshold, max_post_steps, min_tokens_per_step: LLaDA2.1's sampler (token editing), selected by
+    editing_threshold; block-diffusion models only (docs/sampler.md).
     """
 
     gen_length: int = DEFAULT_GEN_LENGTH
@@ -81,6 +87,10 @@ class SamplingParams:
     kv_cache: KVCacheMode = "none"
     confidence_threshold: float | None = None
     stop: tuple[str, ...] | str | None = field(default_factory=tuple)  # stored as a tuple
+    # Block diffusion (LLaDA2.1) only; see `_check_block_diffusion_knobs`.
+    editing_threshold: float | None = None
+    max_post_steps: int | None = None  # None → 16 with editing_threshold
+    min_tokens_per_step: int | None = None  # None → 1 with editing_threshold (the official num_to_transfer)
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
@@ -102,16 +112,12 @@ class SamplingParams:
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
             )
 
-        if self.confidence_threshold is None:
+        # Threshold decoding and LLaDA2.1 (editing) have no step count unless one is given; with a threshold it is
+        # the block-diffusion (LLaDA2.0) minimum quota per forward (engine/family_rules.py refuses it elsewhere).
+        if self.num_denoising_steps is not None or (
+            self.confidence_threshold is None and self.editing_threshold is None
+        ):
             self._resolve_steps(set_)
-        elif self.num_denoising_steps is not None:
-            # Fast-dLLM's threshold decoding has no step count: a block takes the forwards it needs, each
-            # committing at least one token (see `steps_per_block`).
-            raise InvalidParameter(
-                "num_denoising_steps",
-                "does not apply with confidence_threshold: the threshold decides how many tokens each forward "
-                "commits (at least one), and a block takes the forwards it needs; leave it unset",
-            )
 
         if self.block_schedule is not None and self.block_schedule not in BLOCK_SCHEDULES:
             raise InvalidParameter("block_schedule", f"must be one of {', '.join(BLOCK_SCHEDULES)}")
@@ -137,6 +143,8 @@ class SamplingParams:
         if self.confidence_threshold is not None:
             self._check_threshold()
 
+        self._check_block_diffusion_knobs(set_)
+
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
         if (
             not isinstance(stop, (list, tuple))
@@ -147,6 +155,47 @@ class SamplingParams:
                 "stop", f"must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
             )
         set_("stop", tuple(stop))
+
+    # --- block diffusion (LLaDA2.1) knobs: editing_threshold, max_post_steps, min_tokens_per_step ---------------
+    # The engine refuses them on families without block diffusion (engine.engine, `_check_family_rules`).
+
+    def _check_block_diffusion_knobs(self, set_) -> None:
+        """`editing_threshold` selects LLaDA2.1's sampler (token editing); the other two tune it and need it."""
+        if self.editing_threshold is None:
+            for name in BLOCK_DIFFUSION_EDIT_KNOBS:
+                if getattr(self, name) is not None:
+                    raise InvalidParameter(name, "is only allowed together with editing_threshold")
+            return
+        _require_number("editing_threshold", self.editing_threshold)
+        if not 0.0 <= self.editing_threshold <= 1.0:
+            raise InvalidParameter(
+                "editing_threshold", f"must be between 0 and 1 (1 turns editing off), got {self.editing_threshold}"
+            )
+        if self.num_denoising_steps is not None:
+            raise InvalidParameter(
+                "num_denoising_steps",
+                "does not apply with editing_threshold: LLaDA2.1's sampler has no step schedule (each forward "
+                "commits at least min_tokens_per_step tokens); leave it unset",
+            )
+        for name, default in BLOCK_DIFFUSION_EDIT_KNOBS.items():
+            if getattr(self, name) is None:
+                set_(name, default)
+        _require_int("max_post_steps", self.max_post_steps)
+        if not 0 <= self.max_post_steps <= MAX_STEPS:
+            raise InvalidParameter("max_post_steps", f"must be between 0 and {MAX_STEPS}, got {self.max_post_steps}")
+        _require_int("min_tokens_per_step", self.min_tokens_per_step)
+        if not 1 <= self.min_tokens_per_step <= self.block_length:
+            raise InvalidParameter(
+                "min_tokens_per_step",
+                f"must be between 1 and block_length ({self.block_length}), got {self.min_tokens_per_step}",
+            )
+
+    @property
+    def uses_editing(self) -> bool:
+        """LLaDA2.1's sampler: tokens already written may be overwritten (editing_threshold < 1; 1 never edits)."""
+        return self.editing_threshold is not None and self.editing_threshold < 1.0
+
+    # --- end of the block diffusion knobs -----------------------------------------------------------------
 
     def _check_threshold(self) -> None:
         _require_number("confidence_threshold", self.confidence_threshold)

@@ -40,6 +40,8 @@ class GenerationResult:
     prompt_tokens: int
     params: SamplingParams
     step_commits: list[list[int]] = field(repr=False)  # offsets committed by each forward pass
+    # Offsets overwritten (token → token) by each forward pass: block diffusion with editing (LLaDA2.1) only.
+    step_edits: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
     def completion_tokens(self) -> int:
@@ -55,6 +57,9 @@ class StepEvent:
     masked_remaining: int
     finished: bool
     result: GenerationResult | None = None  # set on the last event only
+    # (offset, new token) of positions already written that this step overwrote: LLaDA2.1's token editing
+    # (engine/block_sampler.py); always empty for the other samplers. Edited text is streamed once its block closes.
+    edited: list[tuple[int, int]] = field(default_factory=list)
 
 
 def local_leap_mask(

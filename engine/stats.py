@@ -54,7 +54,7 @@ METRICS = {
     "dllm_requests_running": ("gauge", "Requests admitted to the scheduler and being denoised."),
     "dllm_requests_waiting": ("gauge", "Requests accepted but not yet admitted (waiting for a batch slot)."),
     "dllm_requests_preparing": ("gauge", "Requests being tokenized and validated, or queued for it."),
-    "dllm_kv_cache_bytes": ("gauge", "KV-cache memory reserved by running requests (kv_cache prefix or dual)."),
+    "dllm_kv_cache_bytes": ("gauge", "KV-cache memory reserved by running requests (Fast-dLLM or LLaDA2 block cache)."),
     "dllm_kv_cache_budget_bytes": ("gauge", "KV-cache memory running requests may reserve together."),
     "dllm_requests_total": ("counter", "Requests accepted by the scheduler (rejected-as-overloaded excluded)."),
     "dllm_requests_cancelled_total": ("counter", "Requests cancelled by their consumer (client disconnect)."),

@@ -1,7 +1,7 @@
 """Shared fixtures. Nothing here loads a model unless a test asks for the fixture.
 
-`fixture_engine` and `dream_engine`: one engine on each fixture checkpoint (tests/fixtures/llada-tiny,
-tests/fixtures/dream-tiny) for the whole session.
+`fixture_engine`, `dream_engine` and `llada2_engine`: one engine on each fixture checkpoint
+(tests/fixtures/llada-tiny, dream-tiny, llada2-tiny) for the whole session.
 Tests that change an engine's behaviour (its scheduler configuration, a wrapped `step`) build their own
 `DiffusionEngine` around its model and tokenizer instead of patching this one.
 
@@ -44,6 +44,16 @@ def dream_engine():
     from engine import DiffusionEngine
 
     engine = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def llada2_engine():
+    """An engine on tests/fixtures/llada2-tiny (token-id prompts: see tests/llada2_engine.py)."""
+    from tests.llada2_engine import llada2_engine as build
+
+    engine = build()
     yield engine
     engine.shutdown()
 

@@ -11,6 +11,7 @@ DREAM_FIXTURE_DIR = TESTS_DIR / "fixtures" / "dream-tiny"
 LLADA2_CHAT_FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada2-chat-tiny"
 EMBEDDED_MODEL_DIR = REPO_ROOT / "models" / "tiny-llada-chat"
 FAST_DLLM_DIR = TESTS_DIR / "fixtures" / "fast-dllm"
+LLADA2_FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada2-tiny"
 
 
 @cache
@@ -29,3 +30,9 @@ def fast_dllm_reference() -> dict:
 def dream_reference() -> dict:
     """Official Dream logits, diffusion_generate() outputs and chat prompts for the Dream fixture."""
     return json.loads((DREAM_FIXTURE_DIR / "reference.json").read_text())
+
+
+@cache
+def llada2_cases() -> dict:
+    """Official LLaDA2.0 / 2.1 generate() runs on the llada2-tiny checkpoint (its README, section 6)."""
+    return json.loads((LLADA2_FIXTURE_DIR / "cases.json").read_text())

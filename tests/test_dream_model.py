@@ -92,7 +92,7 @@ def test_a_schedule_end_time_outside_0_1_is_refused(eps):
 def test_an_unknown_family_is_refused_when_loading(tmp_path):
     shutil.copytree(DREAM_FIXTURE_DIR, tmp_path / "m")
     (tmp_path / "m" / "config.json").write_text(json.dumps(dream_raw(model_type="mistral", architectures=[])))
-    with pytest.raises(ValueError, match="supported: LLaDA .* and Dream"):
+    with pytest.raises(ValueError, match="supported: LLaDA .*, Dream .* and LLaDA2"):
         DiffusionEngine.from_pretrained(tmp_path / "m", device="cpu")
 
 

@@ -215,7 +215,6 @@ def test_threshold_resolves_without_a_step_count():
         (dict(confidence_threshold=-0.1), "confidence_threshold"),
         (dict(confidence_threshold="0.9"), "confidence_threshold"),
         (dict(confidence_threshold=True), "confidence_threshold"),
-        (dict(confidence_threshold=0.9, num_denoising_steps=32), "num_denoising_steps"),
         (dict(confidence_threshold=0.9, use_local_leap=True), "confidence_threshold"),
         (dict(confidence_threshold=0.9, block_schedule="cosine"), "block_schedule"),
     ],
@@ -224,3 +223,12 @@ def test_invalid_cache_and_threshold_settings_name_their_field(kwargs, field):
     with pytest.raises(InvalidParameter) as error:
         SamplingParams(gen_length=32, **kwargs)
     assert error.value.field == field
+
+
+def test_a_step_count_with_a_threshold_is_refused_by_a_llada_model(fixture_engine):
+    # SamplingParams accepts the pair (on a block-diffusion model the steps set each forward's minimum quota);
+    # the LLaDA family's threshold decoding has no step count, so its engine refuses it.
+    params = SamplingParams(gen_length=32, confidence_threshold=0.9, num_denoising_steps=32)
+    with pytest.raises(InvalidParameter) as error:
+        fixture_engine.new_request(prompt_token_ids=[1, 2, 3], params=params)
+    assert error.value.field == "num_denoising_steps"
