@@ -9,7 +9,7 @@ import pytest
 from schemas.errors import ADR_DOC
 from tests.fixture_paths import REPO_ROOT
 
-SOURCE_DIRS = ["api", "engine", "schemas", "tests", "docs", "benchmarks", "scripts", "models", ".ci"]
+SOURCE_DIRS = ["api", "engine", "schemas", "server", "tests", "docs", "benchmarks", "scripts", "models", ".ci"]
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".yaml", ".yml", ".toml", ".sh", ".json", ""}
 # Spelled in pieces so that this file does not match itself.
 OUTSIDE_REFERENCES = ["DESIGN " + "§", "../" + "shared", "/work/" + "shared"]

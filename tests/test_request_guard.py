@@ -10,9 +10,9 @@ import resource
 
 import pytest
 
-from api.drain import Drain
-from api.middleware import RequestGuard, is_json
-from api.settings import DEFAULT_MAX_CONNECTIONS, ServerSettings, default_max_connections
+from server.drain import Drain
+from server.middleware import RequestGuard, is_json
+from server.settings import DEFAULT_MAX_CONNECTIONS, ServerSettings, default_max_connections
 
 # --- settings -----------------------------------------------------------------------------------------
 
@@ -253,9 +253,9 @@ def test_the_drain_waits_for_running_requests_and_no_longer():
 
 
 def test_at_the_end_of_the_grace_period_the_engine_is_stopped_then_leftovers_are_cancelled(monkeypatch):
-    import api.drain
+    import server.drain
 
-    monkeypatch.setattr(api.drain, "WIND_DOWN_S", 0.2)
+    monkeypatch.setattr(server.drain, "WIND_DOWN_S", 0.2)
     drain = Drain(grace_s=0.3)
     order = []
 
@@ -348,7 +348,7 @@ def guarded_protocol(monkeypatch):
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.server import ServerState
 
-    from api.connections import ConnectionGuardMixin
+    from server.connections import ConnectionGuardMixin
 
     class Guarded(ConnectionGuardMixin, H11Protocol):
         pass
