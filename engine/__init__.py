@@ -1,4 +1,5 @@
-"""dllm-serve's engine: native LLaDA model, diffusion sampler, batching scheduler. No HTTP here."""
+"""dllm-serve's engine: the models in plain torch (LLaDA, Dream), the diffusion sampler, the batching
+scheduler. No HTTP here."""
 
 from engine.engine import DiffusionEngine
 from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
