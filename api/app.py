@@ -36,7 +36,7 @@ from schemas.openapi import (
     add_request_schemas,
     declare_api_key,
 )
-from schemas.responses import ChunkBuilder, TextChunkBuilder
+from schemas.responses import ChunkBuilder, ResponseBuilder, TextChunkBuilder
 from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ async def generate(
     engine: DiffusionEngine,
     generation: GenerationRequest,
     prompt: dict[str, Any],
-    builder: type[ChunkBuilder] | type[TextChunkBuilder],
+    builder: type[ResponseBuilder],
 ) -> Response:
     """Both endpoints from a validated request on: engine events in, a response or an event stream out.
 

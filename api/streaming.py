@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from api.errors import engine_error, stopped_engine_error
 from schemas.errors import APIError
-from schemas.responses import SSE_DONE, ChunkBuilder, TextChunkBuilder
+from schemas.responses import SSE_DONE, ResponseBuilder
 from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
 async def sse_stream(
     events: AsyncGenerator[StepEvent, None],
     first: StepEvent,
-    chunks: ChunkBuilder | TextChunkBuilder,
+    chunks: ResponseBuilder,
     include_usage: bool,
     request: Request,
 ) -> AsyncIterator[str]:
