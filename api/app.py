@@ -111,36 +111,32 @@ async def retrieve_model(model: str, request: Request, engine: EngineDep) -> Mod
     return model_card(request, engine)
 
 
-def _generation_responses(response_ref: str, chunk_ref: str, what: str) -> dict[int | str, dict[str, Any]]:
+def _generation_route(path: str, response_model: type, chunk_ref: str, request_ref: str, what: str) -> Any:
+    """`v1.post` for a generation endpoint: its JSON response or event stream, its errors, and its request body,
+    declared by hand (the routes read their body themselves: a size limit, strict JSON)."""
     chunk_name = chunk_ref.rsplit("/")[-1]
-    return {
-        200: {
-            "description": f"A `{what}`, or with `stream: true` a `text/event-stream` of `data: <{chunk_name} JSON>` "
-            "events (one per denoising step, then the finish chunk, [usage]) ending with `data: [DONE]`.",
-            "content": {
-                "application/json": {"schema": {"$ref": response_ref}},
-                "text/event-stream": {
-                    "schema": {"type": "string", "description": "Server-sent events; each `data:` line is a chunk."},
-                    "x-sse-data-schema": {"$ref": chunk_ref},
-                },
+    ok = {
+        "description": f"A `{what}`, or with `stream: true` a `text/event-stream` of `data: <{chunk_name} JSON>` "
+        "events (one per denoising step, then the finish chunk, [usage]) ending with `data: [DONE]`.",
+        "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{response_model.__name__}"}},
+            "text/event-stream": {
+                "schema": {"type": "string", "description": "Server-sent events; each `data:` line is a chunk."},
+                "x-sse-data-schema": {"$ref": chunk_ref},
             },
         },
-        413: {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."},
-        **_ERRORS,
     }
+    too_large = {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."}
+    body = {"required": True, "content": {"application/json": {"schema": {"$ref": request_ref}}}}
+    return v1.post(
+        path,
+        response_model=response_model,
+        responses={200: ok, 413: too_large, **_ERRORS},
+        openapi_extra={"requestBody": body},
+    )
 
 
-def _json_body(schema_ref: str) -> dict[str, Any]:
-    # The routes read their body themselves (a size limit, strict JSON): the request schema is declared by hand.
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": schema_ref}}}}}
-
-
-@v1.post(
-    "/chat/completions",
-    response_model=ChatCompletion,
-    responses=_generation_responses("#/components/schemas/ChatCompletion", CHAT_CHUNK_REF, "chat.completion"),
-    openapi_extra=_json_body(CHAT_REQUEST_REF),
-)
+@_generation_route("/chat/completions", ChatCompletion, CHAT_CHUNK_REF, CHAT_REQUEST_REF, "chat.completion")
 async def create_chat_completion(request: Request, engine: EngineDep) -> Response:
     """Chat completion by diffusion (ADR 005, docs/adr/005-openai-compatible-api.md): the body is validated
     strictly, see the request schema."""
@@ -148,12 +144,7 @@ async def create_chat_completion(request: Request, engine: EngineDep) -> Respons
     return await generate(request, engine, chat, {"messages": chat.engine_messages()}, ChunkBuilder)
 
 
-@v1.post(
-    "/completions",
-    response_model=TextCompletion,
-    responses=_generation_responses("#/components/schemas/TextCompletion", TEXT_CHUNK_REF, "text_completion"),
-    openapi_extra=_json_body(COMPLETION_REQUEST_REF),
-)
+@_generation_route("/completions", TextCompletion, TEXT_CHUNK_REF, COMPLETION_REQUEST_REF, "text_completion")
 async def create_completion(request: Request, engine: EngineDep) -> Response:
     """Text completion by diffusion (OpenAI's legacy Completions): the prompt is raw text or token ids, given
     to the model without a chat template; every other field is the chat endpoint's (ADR 005)."""

@@ -28,7 +28,6 @@ from engine.config import LLADA_EOS_ID, LLADA_EOT_ID, LLADA_MASK_ID, ModelConfig
 
 # The token that ends an assistant turn, per family (the other stop token is the config's EOS).
 END_OF_TURN_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>"}
-EOT_TOKEN = END_OF_TURN_TOKENS["llada"]
 
 
 def load_hf_tokenizer(model_dir: str | Path, family: str):
