@@ -129,3 +129,15 @@ def test_schema_constants_mirror_the_engine():
     assert next(m.le for m in fields["temperature"].metadata if hasattr(m, "le")) == engine_params.MAX_TEMPERATURE
     for name, default in engine_params.LOCAL_LEAP_DEFAULTS.items():
         assert f"default {default}" in fields[name].description, name
+
+
+def test_the_app_never_reads_the_environment():
+    """`create_app(settings)` is how the app is configured: the host reads the environment once, at startup."""
+    readers = {
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+        for path in sorted((REPO_ROOT / "api").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb"))
+        or (isinstance(node, ast.alias) and node.name in ("environ", "getenv"))
+    }
+    assert not readers
