@@ -2,10 +2,11 @@
 
 Only what BentoML needs lives here: resources and traffic, startup and shutdown, readiness and metrics, the
 middleware around the app, and BentoML's own API (`generate`, `generate_stream`: thin wrappers of
-api/native.py). The HTTP layer is the `api` package (start at api/app.py); the engine is `engine`. Nothing
-here imports torch, so that `bentoml build`, which imports this file, stays cheap. An invalid setting
-(docs/deploy.md) stops `bentoml serve` before any worker starts, where BentoML would restart the worker
-forever: the HTTP settings as `bentoml serve` imports this module, the engine's in `check_configuration`.
+server/native.py). The app is the `api` package (start at api/app.py); what adapts it to BentoML and uvicorn
+is the `server` package; the engine is `engine`. Nothing here imports torch, so that `bentoml build`, which
+imports this file, stays cheap. An invalid setting (docs/deploy.md) stops `bentoml serve` before any worker
+starts, where BentoML would restart the worker forever: the HTTP settings as `bentoml serve` imports this
+module (read once, here), the engine's in `check_configuration`.
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ import asyncio
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import bentoml
 from starlette.middleware.cors import CORSMiddleware
 
-from api import engine_setup, native
 from api.app import create_app
-from api.connections import connection_stats, install_connection_guard
-from api.docs import SERVICE_DESCRIPTION
-from api.drain import Drain
-from api.logs import configure_logging
-from api.middleware import RequestGuard, install_response_start_timeout
-from api.settings import ServerSettings
 from schemas.errors import APIError
+from server import engine_setup, native
+from server.connections import connection_stats, install_connection_guard
+from server.drain import Drain
+from server.index_page import SERVICE_DESCRIPTION, DescribedService
+from server.logs import configure_logging
+from server.middleware import RequestGuard, install_response_start_timeout
+from server.settings import ServerSettings
 
 if TYPE_CHECKING:
     from engine import DiffusionEngine
@@ -37,21 +38,12 @@ try:
 except ValueError as error:
     raise SystemExit(f"dllm-serve: invalid configuration: {error}") from None
 drain = Drain(settings.shutdown_grace_s)
-app = create_app()
+app = create_app(settings.api)
 
 # Before BentoML builds its middleware stack (when the service's app is created, after this import) and
 # before uvicorn loads its config (after that).
 install_response_start_timeout()
 install_connection_guard(settings)
-
-
-class DescribedService(bentoml.Service):
-    """BentoML's index page (`/`) shows the service's `doc`, which until the service is built into a Bento is
-    a generic README ("This is a Machine Learning Service created with BentoML"): show the description."""
-
-    @property
-    def doc(self) -> str:
-        return self.bento.doc if self.bento is not None and self.bento.doc else self.description or ""
 
 
 @contextmanager
@@ -63,6 +55,22 @@ def bentoml_errors() -> Iterator[None]:
         raise bentoml.exceptions.BentoMLException(error.detail.message, error_code=HTTPStatus(error.status)) from None
 
 
+# The arguments of both methods of BentoML's own API (their descriptions: server/native.py), written once.
+# Named and based as the model BentoML derives from a method's signature, and without a docstring (it would
+# become the schema's description), so that BentoML's schema and its errors read as before.
+class Input(bentoml.IODescriptor):
+    prompt: native.Prompt
+    system_prompt: native.SystemPrompt = None
+    max_tokens: native.MaxTokens = None
+    num_denoising_steps: native.Steps = None
+    block_length: native.BlockLength = None
+    temperature: native.Temperature = None
+    seed: native.Seed = None
+    use_local_leap: native.LocalLeap = None
+    kv_cache: native.KVCache = None
+    confidence_threshold: native.Threshold = None
+
+
 @bentoml.asgi_app(app, path="/")
 @bentoml.service(
     name="dllm-serve",
@@ -70,7 +78,7 @@ def bentoml_errors() -> Iterator[None]:
     service_class=DescribedService,
     # One process owns the model and batches inside it; scale out with replicas, not workers.
     workers=1,
-    # The timeout ends at the response headers (api.middleware.ResponseStartTimeout): a long non-stream
+    # The timeout ends at the response headers (server.middleware.ResponseStartTimeout): a long non-stream
     # generation must not be cut by a 504. The engine's bounded queue (429) is the overload protection.
     traffic={"timeout": 3600, "concurrency": 32},
     resources={"gpu": 1},  # deployment target; on a CPU-only machine BentoML only warns
@@ -87,14 +95,14 @@ class DiffusionLLMService:
 
     @bentoml.on_deployment
     def check_configuration() -> None:
-        """In the `bentoml serve` process, before any worker starts: the engine's settings (api/engine_setup.py)."""
+        """In the `bentoml serve` process, before any worker starts: the engine's settings (server/engine_setup.py)."""
         engine_setup.check_in_child_process()
 
     @bentoml.on_startup
     def load_engine(self) -> None:
         configure_logging()
         self.engine = engine_setup.load_from_env()
-        # On the serving loop's thread: SIGTERM now drains before uvicorn's own handler runs (api/drain.py).
+        # On the serving loop's thread: SIGTERM now drains before uvicorn's own handler runs (server/drain.py).
         drain.intercept_signals(asyncio.get_running_loop(), on_grace_expired=self.stop_engine)
 
     def __is_ready__(self) -> bool:
@@ -106,35 +114,17 @@ class DiffusionLLMService:
 
     # --- BentoML's own API (the OpenAI-compatible one is the mounted app): the same arguments, two results ---
 
-    @bentoml.api
-    async def generate(
-        self, prompt: native.Prompt, system_prompt: native.SystemPrompt = None, max_tokens: native.MaxTokens = None,
-        num_denoising_steps: native.Steps = None, block_length: native.BlockLength = None,
-        temperature: native.Temperature = None, seed: native.Seed = None, use_local_leap: native.LocalLeap = None,
-        kv_cache: native.KVCache = None, confidence_threshold: native.Threshold = None,
-    ) -> str:  # fmt: skip
+    @bentoml.api(input_spec=Input)
+    async def generate(self, **arguments: Any) -> str:
         """The answer to one user message, generated by diffusion."""
         with bentoml_errors():
-            return await native.generate_text(
-                self.engine, prompt, system_prompt, max_tokens=max_tokens, num_denoising_steps=num_denoising_steps,
-                block_length=block_length, temperature=temperature, seed=seed, use_local_leap=use_local_leap,
-                kv_cache=kv_cache, confidence_threshold=confidence_threshold,
-            )  # fmt: skip
+            return await native.generate_text(self.engine, **arguments)
 
-    @bentoml.api
-    async def generate_stream(
-        self, prompt: native.Prompt, system_prompt: native.SystemPrompt = None, max_tokens: native.MaxTokens = None,
-        num_denoising_steps: native.Steps = None, block_length: native.BlockLength = None,
-        temperature: native.Temperature = None, seed: native.Seed = None, use_local_leap: native.LocalLeap = None,
-        kv_cache: native.KVCache = None, confidence_threshold: native.Threshold = None,
-    ) -> AsyncGenerator[str, None]:  # fmt: skip
+    @bentoml.api(input_spec=Input)
+    async def generate_stream(self, **arguments: Any) -> AsyncGenerator[str, None]:
         """The answer as it becomes final: one piece of text per denoising step that finalised some."""
         with bentoml_errors():
-            async for text in native.stream_text(
-                self.engine, prompt, system_prompt, max_tokens=max_tokens, num_denoising_steps=num_denoising_steps,
-                block_length=block_length, temperature=temperature, seed=seed, use_local_leap=use_local_leap,
-                kv_cache=kv_cache, confidence_threshold=confidence_threshold,
-            ):  # fmt: skip
+            async for text in native.stream_text(self.engine, **arguments):
                 yield text
 
     @bentoml.on_shutdown

@@ -2,12 +2,12 @@
 
 The routes are thin: `schemas` validates the body and builds responses, chunks and errors; the engine
 denoises; api/streaming.py moves the events. The engine is reached through `app.state.engine`, which the
-BentoML service sets once the model is loaded (None until then: a 503).
+host (service.py) sets once the model is loaded (None until then: a 503); the limits and the API key through
+`app.state.settings`, the `ApiSettings` the app was created with (api/settings.py).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -22,7 +22,8 @@ from api.docs import docs_router
 from api.errors import client_gone, error_response, sampling_params
 from api.middleware import RequestContextMiddleware
 from api.playground import playground_router
-from api.streaming import first_event, last_result, max_request_bytes, read_body, sse_stream, until_disconnect
+from api.settings import ApiSettings
+from api.streaming import first_event, last_result, read_body, sse_stream, until_disconnect
 from schemas.chat import ChatCompletion, ModelCard, ModelList, parse_chat_request
 from schemas.completions import TextCompletion, parse_completion_request
 from schemas.errors import APIError, ErrorResponse
@@ -35,7 +36,7 @@ from schemas.openapi import (
     add_request_schemas,
     declare_api_key,
 )
-from schemas.responses import ChunkBuilder, TextChunkBuilder
+from schemas.responses import ChunkBuilder, ResponseBuilder, TextChunkBuilder
 from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
@@ -45,15 +46,16 @@ if TYPE_CHECKING:
 # --- dependencies --------------------------------------------------------------------------------------
 
 
-def api_key() -> str | None:
-    # Read per request so that the key can be rotated by restarting with a new environment only.
-    return os.environ.get("DLLM_API_KEY") or None
+def app_settings(request: Request) -> ApiSettings:
+    return request.app.state.settings
 
 
-def check_api_key(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> None:
+def check_api_key(
+    request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
+) -> None:
     # The header is read by hand rather than through FastAPI's HTTPBearer, which would declare bearer auth
     # in the OpenAPI schema whether or not a key is set; the schema declares it only when one is (`openapi`).
-    expected = api_key()
+    expected = app_settings(request).api_key
     if expected is None:
         return
     scheme, _, token = (authorization or "").partition(" ")
@@ -109,53 +111,44 @@ async def retrieve_model(model: str, request: Request, engine: EngineDep) -> Mod
     return model_card(request, engine)
 
 
-def _generation_responses(response_ref: str, chunk_ref: str, what: str) -> dict[int | str, dict[str, Any]]:
+def _generation_route(path: str, response_model: type, chunk_ref: str, request_ref: str, what: str) -> Any:
+    """`v1.post` for a generation endpoint: its JSON response or event stream, its errors, and its request body,
+    declared by hand (the routes read their body themselves: a size limit, strict JSON)."""
     chunk_name = chunk_ref.rsplit("/")[-1]
-    return {
-        200: {
-            "description": f"A `{what}`, or with `stream: true` a `text/event-stream` of `data: <{chunk_name} JSON>` "
-            "events (one per denoising step, then the finish chunk, [usage]) ending with `data: [DONE]`.",
-            "content": {
-                "application/json": {"schema": {"$ref": response_ref}},
-                "text/event-stream": {
-                    "schema": {"type": "string", "description": "Server-sent events; each `data:` line is a chunk."},
-                    "x-sse-data-schema": {"$ref": chunk_ref},
-                },
+    ok = {
+        "description": f"A `{what}`, or with `stream: true` a `text/event-stream` of `data: <{chunk_name} JSON>` "
+        "events (one per denoising step, then the finish chunk, [usage]) ending with `data: [DONE]`.",
+        "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{response_model.__name__}"}},
+            "text/event-stream": {
+                "schema": {"type": "string", "description": "Server-sent events; each `data:` line is a chunk."},
+                "x-sse-data-schema": {"$ref": chunk_ref},
             },
         },
-        413: {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."},
-        **_ERRORS,
     }
+    too_large = {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."}
+    body = {"required": True, "content": {"application/json": {"schema": {"$ref": request_ref}}}}
+    return v1.post(
+        path,
+        response_model=response_model,
+        responses={200: ok, 413: too_large, **_ERRORS},
+        openapi_extra={"requestBody": body},
+    )
 
 
-def _json_body(schema_ref: str) -> dict[str, Any]:
-    # The routes read their body themselves (a size limit, strict JSON): the request schema is declared by hand.
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": schema_ref}}}}}
-
-
-@v1.post(
-    "/chat/completions",
-    response_model=ChatCompletion,
-    responses=_generation_responses("#/components/schemas/ChatCompletion", CHAT_CHUNK_REF, "chat.completion"),
-    openapi_extra=_json_body(CHAT_REQUEST_REF),
-)
+@_generation_route("/chat/completions", ChatCompletion, CHAT_CHUNK_REF, CHAT_REQUEST_REF, "chat.completion")
 async def create_chat_completion(request: Request, engine: EngineDep) -> Response:
     """Chat completion by diffusion (ADR 005, docs/adr/005-openai-compatible-api.md): the body is validated
     strictly, see the request schema."""
-    chat = parse_chat_request(await read_body(request, max_request_bytes()))
+    chat = parse_chat_request(await read_body(request, app_settings(request).max_request_bytes))
     return await generate(request, engine, chat, {"messages": chat.engine_messages()}, ChunkBuilder)
 
 
-@v1.post(
-    "/completions",
-    response_model=TextCompletion,
-    responses=_generation_responses("#/components/schemas/TextCompletion", TEXT_CHUNK_REF, "text_completion"),
-    openapi_extra=_json_body(COMPLETION_REQUEST_REF),
-)
+@_generation_route("/completions", TextCompletion, TEXT_CHUNK_REF, COMPLETION_REQUEST_REF, "text_completion")
 async def create_completion(request: Request, engine: EngineDep) -> Response:
     """Text completion by diffusion (OpenAI's legacy Completions): the prompt is raw text or token ids, given
     to the model without a chat template; every other field is the chat endpoint's (ADR 005)."""
-    completion = parse_completion_request(await read_body(request, max_request_bytes()))
+    completion = parse_completion_request(await read_body(request, app_settings(request).max_request_bytes))
     return await generate(request, engine, completion, completion.prompt_input(), TextChunkBuilder)
 
 
@@ -164,7 +157,7 @@ async def generate(
     engine: DiffusionEngine,
     generation: GenerationRequest,
     prompt: dict[str, Any],
-    builder: type[ChunkBuilder] | type[TextChunkBuilder],
+    builder: type[ResponseBuilder],
 ) -> Response:
     """Both endpoints from a validated request on: engine events in, a response or an event stream out.
 
@@ -232,8 +225,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 
-def create_app() -> FastAPI:
-    """The app, with no engine yet: set `app.state.engine` once it is loaded."""
+def create_app(settings: ApiSettings) -> FastAPI:
+    """The app, with no engine yet: set `app.state.engine` once it is loaded. `settings` has no default on
+    purpose: a host that forgot to pass the API key would otherwise serve an open API."""
     app = FastAPI(
         title="dllm-serve",
         summary="OpenAI-compatible serving for diffusion language models (LLaDA, Dream, DiffuCoder)",
@@ -243,6 +237,7 @@ def create_app() -> FastAPI:
         redoc_url=None,
     )
     app.state.engine = None
+    app.state.settings = settings
     app.state.started_at = int(time.time())  # `created` of the model card
     app.add_middleware(RequestContextMiddleware)
     app.add_exception_handler(APIError, _api_error)
@@ -260,8 +255,8 @@ def create_app() -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         # Bodies read by hand and stream chunks are added to the generated schema; bearer auth is declared
-        # only while DLLM_API_KEY is set (a schema that demands a key nobody checks misleads clients).
-        with_key = api_key() is not None
+        # only while an API key is set (a schema that demands a key nobody checks misleads clients).
+        with_key = app.state.settings.api_key is not None
         if with_key not in schemas:
             schema = get_openapi(
                 title=app.title,

@@ -1,126 +1,23 @@
-"""The HTTP layer's settings, read from the environment once and checked together.
+"""What the app is configured with: `create_app(settings)` takes them, and the routes read them from
+`app.state.settings`; the app itself never reads the environment.
 
-Every connection phase has a time limit (docs/reliability.md says which layer enforces which):
-- DLLM_KEEP_ALIVE_TIMEOUT_S: a connection with no request in progress and no byte of the next one is
-  closed after this long (also a connection that never sends anything);
-- DLLM_HEADER_TIMEOUT_S: from a request's first byte, its headers must be complete within this long;
-- DLLM_BODY_TIMEOUT_S: from the end of the headers, the whole body must arrive within this long (408);
-- DLLM_SEND_TIMEOUT_S: a response the client stops reading is cut after this long without progress;
-- DLLM_SHUTDOWN_GRACE_S: on SIGTERM, how long running requests may take to finish.
-DLLM_MAX_CONNECTIONS caps open connections; DLLM_CORS_ORIGINS turns CORS on for the listed origins.
-An invalid value is an error that names the variable; the service refuses to start on one.
+The host reads them once, at startup (server/settings.py: DLLM_MAX_REQUEST_BYTES, DLLM_API_KEY), so a
+new key or limit takes a restart, as every other setting does.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import os
-import resource
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from api.streaming import max_request_bytes
-
-# Descriptors a worker needs besides connections: model and tokenizer files, logs, the event loop's own.
-RESERVED_FILE_DESCRIPTORS = 256
-# Above this many open connections a single worker's event loop is the bottleneck anyway.
-DEFAULT_MAX_CONNECTIONS = 4096
-
-
-def default_max_connections() -> int:
-    """DEFAULT_MAX_CONNECTIONS, or fewer when the process's file-descriptor limit would run out first."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return DEFAULT_MAX_CONNECTIONS
-    return max(16, min(DEFAULT_MAX_CONNECTIONS, soft - RESERVED_FILE_DESCRIPTORS))
+# A LLaDA-8B prompt fits in 4,096 tokens, a few hundred KB of JSON at most: a bigger body cannot be served,
+# and reading and tokenizing it would only cost time.
+DEFAULT_MAX_REQUEST_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
-class ServerSettings:
-    keep_alive_timeout_s: float = 5.0
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    send_timeout_s: float = 60.0
-    shutdown_grace_s: float = 30.0
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    cors_origins: tuple[str, ...] = ()
-
-    ENV_VARS = {
-        "keep_alive_timeout_s": "DLLM_KEEP_ALIVE_TIMEOUT_S",
-        "header_timeout_s": "DLLM_HEADER_TIMEOUT_S",
-        "body_timeout_s": "DLLM_BODY_TIMEOUT_S",
-        "send_timeout_s": "DLLM_SEND_TIMEOUT_S",
-        "shutdown_grace_s": "DLLM_SHUTDOWN_GRACE_S",
-        "max_connections": "DLLM_MAX_CONNECTIONS",
-        "cors_origins": "DLLM_CORS_ORIGINS",
-    }
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
-        """The defaults overridden by the DLLM_* variables above; raises ValueError naming a bad one.
-
-        Also checks the variables the HTTP layer reads elsewhere (DLLM_MAX_REQUEST_BYTES, DLLM_LOG_LEVEL),
-        so that one call validates everything this layer is configured with.
-        """
-        environ = os.environ if environ is None else environ
-        values: dict = {"max_connections": default_max_connections()}
-        for name, var in cls.ENV_VARS.items():
-            raw = environ.get(var, "").strip()
-            if not raw:
-                continue
-            if name == "cors_origins":
-                values[name] = _origins(var, raw)
-            elif name == "max_connections":
-                values[name] = _positive_int(var, raw)
-            else:
-                values[name] = _positive_seconds(var, raw)
-        max_request_bytes(environ)
-        _check_log_level(environ.get("DLLM_LOG_LEVEL", ""))
-        return cls(**values)
-
-    def cors_options(self) -> dict:
-        """Starlette CORSMiddleware options for a browser page on another origin that calls /v1 with
-        fetch: JSON bodies, a bearer key, and the request id and Retry-After readable by the page."""
-        return {
-            "allow_origins": list(self.cors_origins),
-            "allow_methods": ["GET", "POST"],
-            "allow_headers": ["Authorization", "Content-Type", "X-Request-ID"],
-            "expose_headers": ["X-Request-ID", "Retry-After"],
-            "allow_credentials": False,  # the API key travels in a header, never in a cookie
-            "max_age": 600,
-        }
-
-
-def _positive_seconds(var: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{var}={raw!r}: must be a positive number of seconds")
-    return value
-
-
-def _positive_int(var: str, raw: str) -> int:
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{var}={raw!r}: must be a positive integer")
-    return int(raw)
-
-
-def _origins(var: str, raw: str) -> tuple[str, ...]:
-    """A comma-separated list of origins (scheme://host[:port]), or * for any."""
-    origins = tuple(part.strip().rstrip("/") for part in raw.split(",") if part.strip())
-    for origin in origins:
-        if origin == "*":
-            continue
-        scheme, sep, rest = origin.partition("://")
-        if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
-            raise ValueError(f"{var}={raw!r}: each origin must be scheme://host[:port] (no path), or *; got {origin!r}")
-    return origins
-
-
-def _check_log_level(raw: str) -> None:
-    level = raw.strip().upper()
-    if level and not isinstance(logging.getLevelName(level), int):
-        raise ValueError(f"DLLM_LOG_LEVEL={raw!r}: must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+class ApiSettings:
+    # A request body larger than this is a 413, refused before it is buffered or parsed.
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # None: /v1 is open. Otherwise every /v1 request needs `Authorization: Bearer <key>`. Kept out of the
+    # repr, so that logging the settings never logs the key.
+    api_key: str | None = field(default=None, repr=False)

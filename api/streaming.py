@@ -1,6 +1,6 @@
 """The connection while a request runs: the body in, the engine's events out, the client leaving.
 
-A request's life on the wire: `read_body` (bounded by DLLM_MAX_REQUEST_BYTES), `first_event` (awaited
+A request's life on the wire: `read_body` (bounded by the app's `max_request_bytes`), `first_event` (awaited
 before the response starts, so the engine's refusals still get their status), then either
 `last_result` (non-stream) or `sse_stream` (stream). `until_disconnect` races each wait against the
 client's disconnect, so a client that leaves cancels its engine request and frees its batch slot.
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -19,7 +18,7 @@ from starlette.requests import Request
 
 from api.errors import engine_error, stopped_engine_error
 from schemas.errors import APIError
-from schemas.responses import SSE_DONE, ChunkBuilder, TextChunkBuilder
+from schemas.responses import SSE_DONE, ResponseBuilder
 from schemas.sampling import GenerationRequest
 
 if TYPE_CHECKING:
@@ -27,20 +26,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(f"dllm_serve.{__name__}")
 T = TypeVar("T")
-
-# A LLaDA-8B prompt fits in 4,096 tokens, a few hundred KB of JSON at most: a bigger body cannot be served,
-# and reading and tokenizing it would only cost time.
-DEFAULT_MAX_REQUEST_BYTES = 2 * 2**20
-
-
-def max_request_bytes(environ: Mapping[str, str] | None = None) -> int:
-    """DLLM_MAX_REQUEST_BYTES, else the default; checked at startup, read per request like the API key."""
-    raw = (os.environ if environ is None else environ).get("DLLM_MAX_REQUEST_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_MAX_REQUEST_BYTES
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"DLLM_MAX_REQUEST_BYTES must be a positive integer (bytes), got {raw!r}")
-    return int(raw)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -117,7 +102,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
 async def sse_stream(
     events: AsyncGenerator[StepEvent, None],
     first: StepEvent,
-    chunks: ChunkBuilder | TextChunkBuilder,
+    chunks: ResponseBuilder,
     include_usage: bool,
     request: Request,
 ) -> AsyncIterator[str]:

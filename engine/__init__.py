@@ -1,4 +1,9 @@
+<<<<<<< HEAD
 """dllm-serve's engine: native LLaDA, Dream and LLaDA2 models, diffusion samplers, batching scheduler. No HTTP here."""
+=======
+"""dllm-serve's engine: the models in plain torch (LLaDA, Dream), the diffusion sampler, the batching
+scheduler. No HTTP here."""
+>>>>>>> host
 
 from engine.engine import DiffusionEngine
 from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter

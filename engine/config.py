@@ -158,6 +158,9 @@ _DREAM_REQUIRED_FLAGS = {
 }
 
 
+# Alike in shape to LLaDAConfig on purpose: each family's fields keep the names of its own config.json (Qwen2's
+# here), so that reading one against its checkpoint's file is direct, and a field one family lacks cannot
+# leak into the other.
 @dataclass(frozen=True)
 class DreamConfig:
     """Dream-v0 / DiffuCoder: Qwen2 shapes (GQA, q/k/v biases), bidirectional attention, shifted logits."""

@@ -48,10 +48,6 @@ class PreparationStage:
         self._preparing = 0
         self._preparing_long = 0
 
-    @property
-    def preparing(self) -> int:
-        return self._preparing
-
     async def run(self, prompt_chars: int, queued: tuple[int, int], prepare: Callable[[], T]) -> T:
         """`prepare()` on the prompt's lane; raises EngineOverloaded at once when there is no room.
 

@@ -246,10 +246,6 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
     def submit(
         self, request: DenoisingRequest, loop: asyncio.AbstractEventLoop | None = None, every_event: bool = True
     ) -> RequestHandle:

@@ -35,7 +35,6 @@ from engine.config import LLADA_EOS_ID, LLADA_EOT_ID, LLADA_MASK_ID, ModelConfig
 # config.json's pad id), and dFactory's SFT code pads each conversation, after its closing <|role_end|>, with
 # the pad token: the model writes <|role_end|> then EOS, so cutting at the first of either gives the same text.
 END_OF_TURN_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "llada2": "<|role_end|>"}
-EOT_TOKEN = END_OF_TURN_TOKENS["llada"]
 
 
 def load_hf_tokenizer(model_dir: str | Path, family: str):

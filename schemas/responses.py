@@ -1,7 +1,7 @@
 """Responses and server-sent-event chunks built from the engine's results, for both generation endpoints.
 
-`ChunkBuilder` (chat) and `TextChunkBuilder` (legacy completions) have one interface, so that the HTTP
-layer runs both endpoints through the same code: `completion(result)` is the whole response;
+`ChunkBuilder` (chat) and `TextChunkBuilder` (legacy completions) share one base, `ResponseBuilder`, so
+that the HTTP layer runs both endpoints through the same code: `completion(result)` is the whole response;
 `start()`, `step(event)`, `finish(result)`, `usage(result)` are the stream's events in order.
 
 Typed against the engine's `GenerationResult` and `StepEvent`, imported for type checkers only:
@@ -37,20 +37,16 @@ if TYPE_CHECKING:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def completion_id(request_id: str) -> str:
-    return f"chatcmpl-{request_id}"
-
-
-def text_completion_id(request_id: str) -> str:
-    return f"cmpl-{request_id}"
-
-
 def usage_of(result: GenerationResult) -> Usage:
     return Usage(
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         total_tokens=result.prompt_tokens + result.completion_tokens,
     )
+
+
+def resolved_diffusion(result: GenerationResult) -> ResolvedDiffusion:
+    return ResolvedDiffusion.of(result.params, result.num_forward_passes)
 
 
 def sse_event(payload: BaseModel | dict) -> str:
@@ -75,43 +71,42 @@ def step_diffusion(event: StepEvent, token_text: Callable[[int], str]) -> StepDi
     )
 
 
-class ChunkBuilder:
-    """One chat completion: the response, or its chunks in order: role, one per step, finish, [usage], [DONE]."""
+class ResponseBuilder:
+    """What both endpoints' builders share: the id, the stream's step, finish, usage and error events. A
+    subclass says how its choices look (`_text_choice`, `_finish_choice`) and what envelope holds them
+    (`_chunk`); `completion(result)` is its whole response."""
+
+    ID_PREFIX = ""
 
     def __init__(self, request_id: str, created: int, model: str, token_text: Callable[[int], str]):
-        self.id = completion_id(request_id)
+        self.id = f"{self.ID_PREFIX}-{request_id}"
         self.created = created
         self.model = model
         self.token_text = token_text
 
-    def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
+    def _chunk(self, choices: list[Any], **extra: Any) -> BaseModel:
+        raise NotImplementedError
 
-    def completion(self, result: GenerationResult) -> ChatCompletion:
-        return ChatCompletion(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            choices=[Choice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)],
-            usage=usage_of(result),
-            diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
-        )
+    def _text_choice(self, text: str) -> Any:
+        """The choice of a step's chunk: the text that became final in it."""
+        raise NotImplementedError
+
+    def _finish_choice(self, finish_reason: str) -> Any:
+        raise NotImplementedError
+
+    def completion(self, result: GenerationResult) -> BaseModel:
+        raise NotImplementedError
 
     def start(self) -> str | None:
-        """The role chunk."""
-        return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))]))
+        """The stream's opening event, if the endpoint has one."""
+        return None
 
     def step(self, event: StepEvent) -> str:
         diffusion = step_diffusion(event, self.token_text)
-        return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(content=event.text_delta))], diffusion=diffusion))
+        return sse_event(self._chunk([self._text_choice(event.text_delta)], diffusion=diffusion))
 
     def finish(self, result: GenerationResult) -> str:
-        return sse_event(
-            self._chunk(
-                [ChunkChoice(delta=ChunkDelta(), finish_reason=result.finish_reason)],
-                diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
-            )
-        )
+        return sse_event(self._chunk([self._finish_choice(result.finish_reason)], diffusion=resolved_diffusion(result)))
 
     def usage(self, result: GenerationResult) -> str:
         return sse_event(self._chunk([], usage=usage_of(result)))
@@ -121,46 +116,55 @@ class ChunkBuilder:
         return sse_event(error.body())
 
 
-class TextChunkBuilder:
+class ChunkBuilder(ResponseBuilder):
+    """One chat completion: the response, or its chunks in order: role, one per step, finish, [usage], [DONE]."""
+
+    ID_PREFIX = "chatcmpl"
+
+    def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
+
+    def _text_choice(self, text: str) -> ChunkChoice:
+        return ChunkChoice(delta=ChunkDelta(content=text))
+
+    def _finish_choice(self, finish_reason: str) -> ChunkChoice:
+        return ChunkChoice(delta=ChunkDelta(), finish_reason=finish_reason)
+
+    def completion(self, result: GenerationResult) -> ChatCompletion:
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[Choice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)],
+            usage=usage_of(result),
+            diffusion=resolved_diffusion(result),
+        )
+
+    def start(self) -> str | None:
+        """The role chunk."""
+        return sse_event(self._chunk([ChunkChoice(delta=ChunkDelta(role="assistant", content=""))]))
+
+
+class TextChunkBuilder(ResponseBuilder):
     """One legacy text completion: the response, or its chunks in order: one per step, finish, [usage], [DONE].
 
     OpenAI's text completion chunks have no role chunk; each is a `text_completion` with `choices[0].text`.
     """
 
-    def __init__(self, request_id: str, created: int, model: str, token_text: Callable[[int], str]):
-        self.id = text_completion_id(request_id)
-        self.created = created
-        self.model = model
-        self.token_text = token_text
+    ID_PREFIX = "cmpl"
 
-    def _completion(self, choices: list[TextChoice], **extra: Any) -> TextCompletion:
+    def _chunk(self, choices: list[TextChoice], **extra: Any) -> TextCompletion:
         return TextCompletion(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
+    def _text_choice(self, text: str) -> TextChoice:
+        return TextChoice(text=text, finish_reason=None)
+
+    def _finish_choice(self, finish_reason: str) -> TextChoice:
+        return TextChoice(text="", finish_reason=finish_reason)
+
     def completion(self, result: GenerationResult) -> TextCompletion:
-        return self._completion(
+        return self._chunk(
             [TextChoice(text=result.text, finish_reason=result.finish_reason)],
             usage=usage_of(result),
-            diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
+            diffusion=resolved_diffusion(result),
         )
-
-    def start(self) -> str | None:
-        return None
-
-    def step(self, event: StepEvent) -> str:
-        diffusion = step_diffusion(event, self.token_text)
-        return sse_event(self._completion([TextChoice(text=event.text_delta, finish_reason=None)], diffusion=diffusion))
-
-    def finish(self, result: GenerationResult) -> str:
-        return sse_event(
-            self._completion(
-                [TextChoice(text="", finish_reason=result.finish_reason)],
-                diffusion=ResolvedDiffusion.of(result.params, result.num_forward_passes),
-            )
-        )
-
-    def usage(self, result: GenerationResult) -> str:
-        return sse_event(self._completion([], usage=usage_of(result)))
-
-    @staticmethod
-    def error(error: APIError) -> str:
-        return sse_event(error.body())

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -70,6 +70,24 @@ def service_client() -> Iterator:
         patch.delenv("DLLM_API_KEY", raising=False)  # tests that need a key set it themselves
         with TestClient(DiffusionLLMService.to_asgi(), base_url="http://testserver") as client:
             yield client
+
+
+@pytest.fixture
+def configure_app(service_client) -> Iterator[Callable[..., None]]:
+    """`configure_app(**changes)`: the in-process app's settings (api/settings.py: the request size limit, the
+    API key) as the service started with them, with these changes, until the test ends. The service reads
+    them from the environment once, at startup, so a test cannot change them through the environment."""
+    import dataclasses
+
+    import service
+
+    started_with = service.app.state.settings
+
+    def configure(**changes) -> None:
+        service.app.state.settings = dataclasses.replace(started_with, **changes)
+
+    yield configure
+    service.app.state.settings = started_with
 
 
 @pytest.fixture(scope="session")

@@ -152,11 +152,10 @@ def test_stream_sends_one_text_chunk_per_step_then_finish_usage_done(service_cli
     assert usage["choices"] == [] and usage["usage"] == whole["usage"]
 
 
-def test_limits_and_auth_are_the_chat_endpoints(service_client, monkeypatch):
-    monkeypatch.setenv("DLLM_MAX_REQUEST_BYTES", "64")
+def test_limits_and_auth_are_the_chat_endpoints(service_client, configure_app):
+    configure_app(max_request_bytes=64)
     assert_error(complete(service_client, user="x" * 100), "request_too_large", None, status=413)
-    monkeypatch.delenv("DLLM_MAX_REQUEST_BYTES")
-    monkeypatch.setenv("DLLM_API_KEY", "k")
+    configure_app(api_key="k")  # and the size limit as the service started
     assert_error(complete(service_client), "invalid_api_key", None, status=401)
     ok = service_client.post(URL, json={"prompt": PROMPT, **SMALL}, headers={"Authorization": "Bearer k"})
     assert ok.status_code == 200

@@ -83,7 +83,7 @@ def test_a_request_still_waiting_at_shutdown_is_a_503(service_client, serve_smal
         wait_until(lambda: engine.stats.snapshot()["dllm_requests_waiting"] == 1)
         scheduler = engine._scheduler
         stopping = pool.submit(engine.shutdown)  # without drain: what is pending fails at the next step boundary
-        wait_until(lambda: scheduler.stopping)
+        wait_until(lambda: scheduler._stopping)
         steps.run_freely()
         stopping.result(timeout=HANG_GUARD_S)
         refused, cut = waiting.result(timeout=HANG_GUARD_S), running.result(timeout=HANG_GUARD_S)

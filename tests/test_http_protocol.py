@@ -215,8 +215,8 @@ def test_errors_echo_the_request_id(service_client):
 # --- API key ------------------------------------------------------------------------------------------
 
 
-def test_api_key_when_configured(service_client, monkeypatch):
-    monkeypatch.setenv("DLLM_API_KEY", "sekrit")
+def test_api_key_when_configured(service_client, configure_app):
+    configure_app(api_key="sekrit")
     for headers in (
         {},
         {"Authorization": "Bearer wrong"},
@@ -237,8 +237,8 @@ def test_api_key_when_configured(service_client, monkeypatch):
     assert service_client.get("/openapi.json").status_code == 200  # docs stay public
 
 
-def test_no_api_key_configured_means_open(service_client, monkeypatch):
-    monkeypatch.delenv("DLLM_API_KEY", raising=False)
+def test_no_api_key_configured_means_open(service_client, configure_app):
+    configure_app(api_key=None)
     assert service_client.get("/v1/models", headers={"Authorization": "Bearer anything"}).status_code == 200
 
 
@@ -266,8 +266,8 @@ def test_models_retrieve_the_loaded_model_by_id(service_client, service_instance
 
 
 @pytest.mark.parametrize("declared", [True, False])
-def test_oversized_body_is_a_413_before_it_is_parsed(service_client, monkeypatch, declared):
-    monkeypatch.setenv("DLLM_MAX_REQUEST_BYTES", "1000")
+def test_oversized_body_is_a_413_before_it_is_parsed(service_client, configure_app, declared):
+    configure_app(max_request_bytes=1000)
     small = json.dumps({"messages": MESSAGES, "max_tokens": 4}).encode()
     big = json.dumps({"messages": [{"role": "user", "content": "x" * 2000}]}).encode()
     if declared:
@@ -282,7 +282,8 @@ def test_oversized_body_is_a_413_before_it_is_parsed(service_client, monkeypatch
 
 
 def test_request_size_limit_setting(monkeypatch):
-    from api.streaming import DEFAULT_MAX_REQUEST_BYTES, max_request_bytes
+    from api.settings import DEFAULT_MAX_REQUEST_BYTES
+    from server.settings import max_request_bytes
 
     monkeypatch.delenv("DLLM_MAX_REQUEST_BYTES", raising=False)
     assert max_request_bytes() == DEFAULT_MAX_REQUEST_BYTES == 2 * 2**20
@@ -505,7 +506,7 @@ def test_response_start_timeout_is_installed_in_bentomls_place_or_fails_loudly(m
     from bentoml._internal.server.http import traffic
 
     import service  # noqa: F401 - importing the service installs it
-    from api.middleware import ResponseStartTimeout, install_response_start_timeout
+    from server.middleware import ResponseStartTimeout, install_response_start_timeout
 
     assert traffic.TimeoutMiddleware is ResponseStartTimeout
 
@@ -523,7 +524,7 @@ def test_response_start_timeout_is_installed_in_bentomls_place_or_fails_loudly(m
 def test_response_start_timeout_answers_504_only_when_nothing_started():
     import anyio
 
-    from api.middleware import ResponseStartTimeout
+    from server.middleware import ResponseStartTimeout
 
     async def silent(scope, receive, send):
         await anyio.sleep(60)

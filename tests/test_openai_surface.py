@@ -53,10 +53,10 @@ def test_docs_and_bentomls_index_say_what_this_is_and_link_the_pages(service_cli
 # --- the OpenAPI schema ----------------------------------------------------------------------------------
 
 
-def test_bearer_auth_is_declared_only_while_a_key_is_set(service_client, monkeypatch):
+def test_bearer_auth_is_declared_only_while_a_key_is_set(service_client, configure_app):
     open_spec = service_client.get("/openapi.json").json()
     assert "security" not in json.dumps(open_spec["paths"]) and "securitySchemes" not in open_spec["components"]
-    monkeypatch.setenv("DLLM_API_KEY", "k")
+    configure_app(api_key="k")
     keyed = service_client.get("/openapi.json").json()
     assert keyed["components"]["securitySchemes"]["bearer"] == {
         "type": "http",
@@ -188,7 +188,7 @@ def test_bounded_schemathesis_run_finds_only_documented_failures(bentoml_server,
 def test_bentomls_access_line_is_dropped_for_requests_the_app_logs_itself():
     import logging
 
-    from api.logs import SkipRequestsTheAppLogs
+    from server.logs import SkipRequestsTheAppLogs
 
     def access_record(path: str) -> logging.LogRecord:
         # The shape of BentoML 1.4's access line (bentoml/_internal/server/http/access.py).

@@ -9,7 +9,7 @@ import pytest
 from schemas.errors import ADR_DOC
 from tests.fixture_paths import REPO_ROOT
 
-SOURCE_DIRS = ["api", "engine", "schemas", "tests", "docs", "benchmarks", "scripts", "models", ".ci"]
+SOURCE_DIRS = ["api", "engine", "schemas", "server", "tests", "docs", "benchmarks", "scripts", "models", ".ci"]
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".yaml", ".yml", ".toml", ".sh", ".json", ""}
 # Spelled in pieces so that this file does not match itself.
 OUTSIDE_REFERENCES = ["DESIGN " + "§", "../" + "shared", "/work/" + "shared"]
@@ -60,3 +60,27 @@ def test_relative_links_resolve(page):
             if anchor not in {slug(h) for h in headings}:
                 broken.append(target)
     assert not broken, broken
+
+
+# A path into the repository's code, as docs and docstrings cite it: `server/drain.py`, `api/static/playground.js`.
+CODE_PATH = re.compile(
+    r"(?<![\w/.-])((?:api|server|engine|schemas|scripts|benchmarks|tests)/[\w/]+\.(?:py|md|html|js|css))"
+)
+
+
+def test_the_code_paths_the_docs_and_docstrings_cite_exist():
+    """After a module moves (issue 24 moved the host adapter to server/), no page or docstring may still send a
+    reader to where it was."""
+    citing = [REPO_ROOT / "README.md", REPO_ROOT / "service.py", *(REPO_ROOT / "docs").rglob("*.md")]
+    citing += [
+        p
+        for name in ("api", "server", "engine", "schemas", "scripts", "benchmarks")
+        for p in (REPO_ROOT / name).rglob("*.py")
+    ]
+    missing = sorted(
+        f"{path.relative_to(REPO_ROOT)}: {cited}"
+        for path in citing
+        for cited in set(CODE_PATH.findall(path.read_text()))
+        if not (REPO_ROOT / cited).exists()
+    )
+    assert len(citing) > 50 and not missing, missing

@@ -10,9 +10,10 @@ import resource
 
 import pytest
 
-from api.drain import Drain
-from api.middleware import RequestGuard, is_json
-from api.settings import DEFAULT_MAX_CONNECTIONS, ServerSettings, default_max_connections
+from api.settings import DEFAULT_MAX_REQUEST_BYTES, ApiSettings
+from server.drain import Drain
+from server.middleware import RequestGuard, is_json
+from server.settings import DEFAULT_MAX_CONNECTIONS, ServerSettings, default_max_connections
 
 # --- settings -----------------------------------------------------------------------------------------
 
@@ -60,6 +61,39 @@ def test_settings_read_every_variable():
 def test_a_bad_setting_is_an_error_naming_it(variable, value):
     with pytest.raises(ValueError, match=variable):
         ServerSettings.from_env({variable: value})
+
+
+def test_the_apps_settings_are_read_with_the_servers(monkeypatch):
+    assert ServerSettings.from_env({}).api == ApiSettings(max_request_bytes=DEFAULT_MAX_REQUEST_BYTES, api_key=None)
+    settings = ServerSettings.from_env({"DLLM_MAX_REQUEST_BYTES": "4096", "DLLM_API_KEY": "sekrit"})
+    assert settings.api == ApiSettings(max_request_bytes=4096, api_key="sekrit")
+    assert "sekrit" not in repr(settings)  # settings may be logged; the key must not be
+    assert ServerSettings.from_env({"DLLM_API_KEY": ""}).api.api_key is None  # empty: no key, an open API
+
+
+def test_the_app_uses_the_settings_it_was_created_with_not_the_environment(monkeypatch, fixture_engine):
+    """The portable app on its own, without BentoML: create_app(settings) and an engine are all a host gives it."""
+    from starlette.testclient import TestClient
+
+    from api.app import create_app
+
+    monkeypatch.setenv("DLLM_API_KEY", "from-the-environment")
+    monkeypatch.setenv("DLLM_MAX_REQUEST_BYTES", "1")
+    app = create_app(ApiSettings(max_request_bytes=64, api_key="k"))
+    app.state.engine = fixture_engine
+    client = TestClient(app)
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer from-the-environment"}).status_code == 401
+    key = {"Authorization": "Bearer k", "Content-Type": "application/json"}
+    assert client.get("/v1/models", headers=key).status_code == 200
+    too_big = client.post("/v1/chat/completions", content=b"{" + b" " * 64 + b"}", headers=key)
+    assert too_big.status_code == 413 and "64 bytes" in too_big.json()["error"]["message"]
+    assert client.post("/v1/chat/completions", content=b"{" + b" " * 8 + b"}", headers=key).status_code == 400
+    assert "bearer" in client.get("/openapi.json").json()["components"]["securitySchemes"]
+    open_app = create_app(ApiSettings())
+    open_app.state.engine = fixture_engine
+    assert TestClient(open_app).get("/v1/models").status_code == 200  # no key: open
+    assert "securitySchemes" not in TestClient(open_app).get("/openapi.json").json()["components"]
 
 
 def test_the_connection_cap_stays_below_the_descriptor_limit(monkeypatch):
@@ -253,9 +287,9 @@ def test_the_drain_waits_for_running_requests_and_no_longer():
 
 
 def test_at_the_end_of_the_grace_period_the_engine_is_stopped_then_leftovers_are_cancelled(monkeypatch):
-    import api.drain
+    import server.drain
 
-    monkeypatch.setattr(api.drain, "WIND_DOWN_S", 0.2)
+    monkeypatch.setattr(server.drain, "WIND_DOWN_S", 0.2)
     drain = Drain(grace_s=0.3)
     order = []
 
@@ -348,7 +382,7 @@ def guarded_protocol(monkeypatch):
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.server import ServerState
 
-    from api.connections import ConnectionGuardMixin
+    from server.connections import ConnectionGuardMixin
 
     class Guarded(ConnectionGuardMixin, H11Protocol):
         pass

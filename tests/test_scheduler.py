@@ -500,7 +500,7 @@ def test_shutdown_finishes_or_fails_every_pending_request(fixture_engine, monkey
         await until(lambda: recorder.entered.is_set() and engine.stats.snapshot()["dllm_requests_total"] == 5)
         scheduler, loop = engine._scheduler, asyncio.get_running_loop()
         stopping = loop.run_in_executor(None, lambda: engine.shutdown(drain=drain))
-        await until(lambda: scheduler.stopping)  # flagged while the first step is still held
+        await until(lambda: scheduler._stopping)  # flagged while the first step is still held
         with pytest.raises(EngineShutdown):  # a stopping scheduler accepts nothing new
             scheduler.submit(engine.new_request(messages=SHORT, params=params), loop)
         recorder.gate.set()

@@ -1,5 +1,5 @@
-"""`bentoml build` packs a Bento with the service, its HTTP layer (playground included), engine, schemas and embedded
-model, offline."""
+"""`bentoml build` packs a Bento with the service, its host adapter, its HTTP layer (playground included), engine,
+schemas and embedded model, offline."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_bentoml_build_packs_the_service_offline(tmp_path):
     src = bento / "src"
 
     assert (src / "service.py").is_file()
-    for package in ("api", "engine", "schemas"):
+    for package in ("api", "engine", "schemas", "server"):
         assert (src / package / "__init__.py").is_file(), package
     for asset in ("playground.html", "playground.js", "playground.css"):
         assert (src / "api" / "static" / asset).is_file(), asset

@@ -1,13 +1,23 @@
 """Import boundaries (docs/design.md, "Layout"): `engine` never imports the HTTP side; `schemas` never
-imports torch, the engine or a web framework; the HTTP layer (`api`) does not depend on BentoML; importing
-`service.py` (what `bentoml build` does) loads no torch, and service.py stays thin."""
+imports torch, the engine or a web framework; the app (`api`) is portable ASGI: it knows neither BentoML nor
+uvicorn nor the host adapter (`server`), at module level or inside a function; importing `service.py` or
+`server` (what `bentoml build` does) loads no torch, and service.py stays thin."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
+import pytest
+import yaml
+
 from tests.fixture_paths import REPO_ROOT
+
+API_MODULES = [p.stem for p in sorted((REPO_ROOT / "api").glob("*.py")) if p.stem != "__init__"]
+SERVER_MODULES = [p.stem for p in sorted((REPO_ROOT / "server").glob("*.py")) if p.stem != "__init__"]
+# What adapts to the host: only service.py and server/ may import these.
+HOST_MODULES = {"bentoml", "_bentoml_sdk", "_bentoml_impl", "uvicorn", "server", "service"}
 
 
 def modules_after(statement: str) -> set[str]:
@@ -30,13 +40,64 @@ def test_engine_imports_nothing_of_the_http_side():
     assert not loaded & {"schemas", "api", "service", "fastapi", "bentoml"}
 
 
-def test_http_layer_imports_no_torch_engine_or_bentoml():
-    loaded = modules_after(
-        "import api.app, api.connections, api.docs, api.drain, api.engine_setup, api.errors, api.logs, "
-        "api.middleware, api.native, api.settings, api.streaming"
-    )
+def test_http_layer_imports_no_torch_engine_or_host():
+    assert {"app", "errors", "middleware", "settings", "streaming"} <= set(API_MODULES)
+    loaded = modules_after("import " + ", ".join(f"api.{name}" for name in API_MODULES))
     assert "fastapi" in loaded
-    assert not loaded & {"torch", "engine", "transformers", "bentoml"}
+    assert not loaded & {"torch", "engine", "transformers", *HOST_MODULES}
+
+
+def test_host_adapter_imports_no_torch():
+    assert {"connections", "drain", "engine_setup", "logs", "middleware", "native", "settings"} <= set(SERVER_MODULES)
+    loaded = modules_after("import " + ", ".join(f"server.{name}" for name in SERVER_MODULES))
+    assert {"bentoml", "api"} <= loaded
+    assert not loaded & {"torch", "engine", "transformers"}
+
+
+def imported_modules(path) -> set[str]:
+    """The top-level names of every module a file imports, anywhere in it (inside functions too), also
+    through importlib.import_module or __import__ with a literal name."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names.add(node.args[0].value)
+    return {name.split(".")[0] for name in names}
+
+
+@pytest.mark.parametrize("package", ["api", "schemas", "engine"])
+def test_the_portable_packages_never_import_the_host(package):
+    offenders = {
+        str(path.relative_to(REPO_ROOT)): sorted(imported_modules(path) & HOST_MODULES)
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+    }
+    assert offenders and not {path: names for path, names in offenders.items() if names}
+
+
+def test_the_import_rule_sees_imports_inside_functions(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "def later():\n    from uvicorn import config\n"
+        "    import importlib\n    return importlib.import_module('bentoml._internal')\n"
+    )
+    assert imported_modules(source) >= {"uvicorn", "bentoml"}
+
+
+def test_every_package_is_installed_and_packed_into_the_bento():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    packages = {p.parent.name for p in REPO_ROOT.glob("*/__init__.py")} - {"tests", "scripts", "benchmarks"}
+    assert {"api", "engine", "schemas", "server"} <= packages
+    include = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    bento_include = yaml.safe_load((REPO_ROOT / "bentofile.yaml").read_text())["include"]
+    for package in packages:
+        assert f"{package}*" in include["include"], package
+        assert f"{package}/**/*.py" in bento_include, package
 
 
 def test_importing_the_service_loads_no_torch():
@@ -46,7 +107,7 @@ def test_importing_the_service_loads_no_torch():
 
 
 def test_the_service_module_stays_thin():
-    """service.py is the Bento class and what BentoML needs; the HTTP layer's concerns live in `api`."""
+    """service.py is the Bento class and what BentoML needs; the app lives in `api`, its host adapter in `server`."""
     assert len((REPO_ROOT / "service.py").read_text().splitlines()) <= 150
 
 
@@ -68,3 +129,15 @@ def test_schema_constants_mirror_the_engine():
     assert next(m.le for m in fields["temperature"].metadata if hasattr(m, "le")) == engine_params.MAX_TEMPERATURE
     for name, default in engine_params.LOCAL_LEAP_DEFAULTS.items():
         assert f"default {default}" in fields[name].description, name
+
+
+def test_the_app_never_reads_the_environment():
+    """`create_app(settings)` is how the app is configured: the host reads the environment once, at startup."""
+    readers = {
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+        for path in sorted((REPO_ROOT / "api").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb"))
+        or (isinstance(node, ast.alias) and node.name in ("environ", "getenv"))
+    }
+    assert not readers

@@ -5,7 +5,7 @@ the table). The service's `@bentoml.on_deployment` hook calls `check_in_child_pr
 `bentoml serve` process: an invalid setting then stops the command with a message naming it, where a worker
 failing its startup would be restarted by BentoML forever. The check imports the engine, hence torch, so it
 runs in a child process: the long-lived `bentoml serve` process never loads torch. `load_from_env` is the
-worker's startup. Like the rest of `api`, this module imports the engine only inside its functions.
+worker's startup. Like the rest of `server`, this module imports the engine only inside its functions.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ logger = logging.getLogger(f"dllm_serve.{__name__}")
 
 # Run by `check_in_child_process` in a child process: the error's message alone on stderr, exit status 1.
 CHECK_IN_CHILD = """
-from api.engine_setup import check_engine_configuration
+from server.engine_setup import check_engine_configuration
 try:
     check_engine_configuration()
 except (ValueError, OSError) as error:
@@ -36,7 +36,7 @@ except (ValueError, OSError) as error:
 def check_in_child_process() -> None:
     """Exit (SystemExit, one line naming the setting) on an engine setting that `load_from_env` would refuse."""
     check = [sys.executable, "-c", CHECK_IN_CHILD]
-    # From the directory that holds the `api` package (the checkout, or a Bento's src/), so that it imports.
+    # From the directory that holds the `server` package (the checkout, or a Bento's src/), so that it imports.
     result = subprocess.run(check, cwd=Path(__file__).parent.parent, capture_output=True, text=True)
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()

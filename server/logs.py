@@ -32,7 +32,7 @@ def configure_logging() -> None:
     """Show the service's own log lines (request lines are INFO) at DLLM_LOG_LEVEL.
 
     BentoML's logging config keeps the root at WARNING and disables loggers created before it: every
-    logger under "dllm_serve" (one per api/ module) is enabled again and takes this level.
+    logger under "dllm_serve" (one per module of api/ and server/) is enabled again and takes this level.
     """
     logging.getLogger("dllm_serve").setLevel(os.environ.get("DLLM_LOG_LEVEL", "INFO").upper())
     access = logging.getLogger("bentoml.access")

@@ -29,8 +29,8 @@ import time
 import weakref
 from typing import Any
 
-from api.settings import ServerSettings
 from schemas.errors import APIError
+from server.settings import ServerSettings
 
 logger = logging.getLogger(f"dllm_serve.{__name__}")
 
@@ -274,7 +274,7 @@ def install_connection_guard(settings: ServerSettings) -> type:
         if missing:
             raise RuntimeError(
                 f"uvicorn's HTTP protocol {base.__name__} lacks {missing}: the connection limits cannot be "
-                "installed; check api/connections.py against the installed uvicorn version"
+                "installed; check server/connections.py against the installed uvicorn version"
             )
         globals()["GuardedProtocol"] = type("GuardedProtocol", (ConnectionGuardMixin, base), {})
         uvicorn_config.HTTP_PROTOCOLS["auto"] = f"{__name__}:GuardedProtocol"

@@ -5,7 +5,7 @@ during the drain queue unanswered in the listening socket's backlog, and it wait
 open request, so one stalled upload keeps the process alive forever. `Drain` runs first instead:
 
 1. On SIGTERM (or SIGINT), `begin`: readiness turns false (the service's `__is_ready__` reads `draining`),
-   new requests get a 503 `shutting_down` with `Retry-After` (api/middleware.py, `RequestGuard`), and
+   new requests get a 503 `shutting_down` with `Retry-After` (server/middleware.py, `RequestGuard`), and
    requests still receiving their body are cut with the same 503: they have not started.
 2. Running requests finish, for up to `grace_s`.
 3. If some are still running then, `on_grace_expired` is called (the service stops the engine: streams end
