@@ -1,9 +1,5 @@
-<<<<<<< HEAD
-"""dllm-serve's engine: native LLaDA, Dream and LLaDA2 models, diffusion samplers, batching scheduler. No HTTP here."""
-=======
-"""dllm-serve's engine: the models in plain torch (LLaDA, Dream), the diffusion sampler, the batching
+"""dllm-serve's engine: the models in plain torch (LLaDA, Dream, LLaDA2), the diffusion samplers, the batching
 scheduler. No HTTP here."""
->>>>>>> host
 
 from engine.engine import DiffusionEngine
 from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
