@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.params import DEFAULT_GEN_LENGTH, MAX_STOP_STRINGS
 from schemas.errors import ADR_CITATION
 
 Endpoint = Literal["chat", "completions"]
@@ -118,7 +119,7 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         "stop",
         BOTH,
         "kept",
-        'up to 4 strings; text cut before the first, `finish_reason: "stop"`, the request ends early',
+        f'up to {MAX_STOP_STRINGS} strings; text cut before the first, `finish_reason: "stop"`, the request ends early',
     ),
     OpenAIField(
         "stream",
@@ -140,7 +141,8 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         "max_completion_tokens",
         CHAT,
         "deviates",
-        "the canvas size `gen_length` (default 128), not a stopping threshold: a shorter answer ends with EOS padding "
+        f"the canvas size `gen_length` (default {DEFAULT_GEN_LENGTH}), not a stopping threshold: a shorter answer "
+        "ends with EOS padding "
         '(cut off), a longer one is truncated (`finish_reason: "length"`); a large value costs compute',
     ),
     OpenAIField(
@@ -347,23 +349,6 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         neutral=(ANY,),
         reason=_NO_CACHE,
     ),
-)
-
-# The diffusion settings ADR 005 adds: every field of both request models that is not an OpenAI field.
-EXTENSION_FIELDS: tuple[str, ...] = (
-    "num_denoising_steps",
-    "block_length",
-    "block_schedule",
-    "confidence_metric",
-    "target_length",
-    "attention_backend",
-    "force_single_batch",
-    "use_local_leap",
-    "local_leap_anchor_threshold",
-    "local_leap_neighbor_threshold",
-    "local_leap_radius",
-    "kv_cache",
-    "confidence_threshold",
 )
 
 _BY_KEY = {(endpoint, f.name): f for f in OPENAI_FIELDS for endpoint in f.endpoints}

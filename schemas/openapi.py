@@ -13,7 +13,8 @@ from typing import Any
 
 from schemas.chat import ChatCompletionChunk, ChatCompletionRequest
 from schemas.completions import CompletionRequest, TextCompletion
-from schemas.fields import EXTENSION_FIELDS, OPENAI_FIELDS, Status
+from schemas.fields import OPENAI_FIELDS, Status
+from schemas.knobs import EXTENSION_FIELDS
 
 CHAT_REQUEST_REF = "#/components/schemas/ChatCompletionRequest"
 CHAT_CHUNK_REF = "#/components/schemas/ChatCompletionChunk"
