@@ -10,7 +10,6 @@ import sys
 
 from tests.fixture_paths import REPO_ROOT
 
-
 # The engine modules that load no torch: what the HTTP side may import.
 TORCH_FREE_ENGINE = {"engine", "engine.errors", "engine.params", "engine.prompt"}
 
