@@ -13,6 +13,7 @@ report it as `error.param`.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
@@ -249,7 +250,7 @@ class SamplingParams:
         minimum=0,
         maximum=MAX_TEMPERATURE,
         http="openai",
-        help="0 is the deterministic argmax (the reference path)",
+        help="how random the sampling is: 0 is the deterministic argmax (the reference path)",
         doc="0 is the deterministic argmax, the reference path. Above 0, each position's token is drawn by "
         "Gumbel-max sampling from softmax(logits / temperature).",
     )
@@ -331,7 +332,7 @@ class SamplingParams:
     )  # stored as a tuple
 
     def __post_init__(self) -> None:
-        for spec in KNOBS:  # each knob against its own spec, in declaration order
+        for spec in knobs_of(type(self)):  # each knob against its own spec, in declaration order
             object.__setattr__(self, spec.name, spec.checked(self))
         self._apply_rules()
 
@@ -413,8 +414,9 @@ class SamplingParams:
 
     def check_family(self, family: str) -> None:
         """Refuse a knob set for a model family it does not apply to (its spec's `families`)."""
-        for spec in KNOBS:
-            if spec.families is not None and family not in spec.families and getattr(self, spec.name) != spec.default:
+        for spec in knobs_of(type(self)):
+            unset = spec.when_on if spec.requires and getattr(self, spec.requires) else spec.default
+            if spec.families is not None and family not in spec.families and getattr(self, spec.name) != unset:
                 instead = f"use {_shown(spec.default)}" if spec.default is not None else "leave it unset"
                 raise InvalidParameter(spec.name, f"is not supported for {family} models yet; {instead}")
 
@@ -431,6 +433,12 @@ class SamplingParams:
         return self.num_denoising_steps // self.num_blocks
 
 
-KNOBS: tuple[Knob, ...] = tuple(replace(f.metadata["knob"], name=f.name) for f in fields(SamplingParams))
+@functools.cache
+def knobs_of(params_class: type[SamplingParams]) -> tuple[Knob, ...]:
+    """The specs of a parameters class's fields, named after them, in declaration order."""
+    return tuple(replace(f.metadata["knob"], name=f.name) for f in fields(params_class))
+
+
+KNOBS: tuple[Knob, ...] = knobs_of(SamplingParams)
 KNOB = {spec.name: spec for spec in KNOBS}
 LOCAL_LEAP_DEFAULTS = {spec.name: spec.when_on for spec in KNOBS if spec.requires == "use_local_leap"}

@@ -33,7 +33,7 @@ REQUEST_ONLY: tuple[Knob, ...] = (
         "choice",
         "sdpa",
         choices=("sdpa",),
-        help='"sdpa" only ("fa2" is deferred and rejected)',
+        help='the attention implementation; "fa2" is deferred and refused',
         doc='The reference, deterministic attention. "fa2" is recognised but deferred until a FlashAttention-2 '
         "build for SM 12.0 is in CI: 400 `invalid_value`.",
         name="attention_backend",
@@ -122,8 +122,9 @@ def readme_extension_table() -> str:
     """README.md's short table of the extension fields."""
     lines = ["| Field | What it means here |", "|---|---|"]
     for spec in EXTENSION_KNOBS:
-        summary = f"{spec.help}: {spec.type_doc}, default {spec.default_shown}{_conditions(spec)}"
-        lines.append(f"| `{spec.name}` | {summary} |")
+        lines.append(
+            f"| `{spec.name}` | {spec.help} ({spec.type_doc}; default {spec.default_shown}{_conditions(spec)}) |"
+        )
     return "\n".join(lines)
 
 
