@@ -96,7 +96,7 @@ class Knob:
 
     def effect(self) -> str:
         """What the knob does, with the conditions it needs (docs/api.md's "Effect")."""
-        text = self.doc or f"{self.help[0].upper() if self.help[0].isascii() else self.help[0]}{self.help[1:]}."
+        text = self.doc or _sentence(self.help)
         if self.requires:
             text += f" Only with `{self.requires}: true` (400 otherwise)."
         if self.families:
@@ -106,6 +106,10 @@ class Knob:
     def description(self) -> str:
         """The knob's whole text for /docs: its effect, then its range and its default."""
         return f"{self.effect()} Accepts {self.type_doc}; default {self.default_shown}."
+
+    def summary(self) -> str:
+        """One line for a form or an argument list: what it does, its range, its default."""
+        return f"{_sentence(self.help)} Accepts {self.type_doc}; default {self.default_shown}."
 
     # --- validation ---------------------------------------------------------------------------------
 
@@ -169,6 +173,10 @@ class Knob:
                 self.name, f"must be a string or a list of at most {self.max_items} non-empty strings"
             )
         return tuple(strings)
+
+
+def _sentence(text: str) -> str:
+    return f"{text[0].upper() if text[0].isascii() else text[0]}{text[1:]}."  # "κ: ..." keeps its κ
 
 
 def _shown_bound(bound: Any) -> str:

@@ -57,11 +57,15 @@ def json_type(spec: Knob) -> Any:
 def bounds_schema(spec: Knob) -> Any:
     """Adds the knob's numeric range to its JSON schema (the non-null member), for /docs and clients. The range is
     documented, not enforced, here: `SamplingParams` enforces it, once."""
+
+    def number(bound: int | float) -> int | float:
+        return int(bound) if isinstance(bound, float) and bound.is_integer() else bound  # JSON's 2, not 2.0
+
     bounds: dict[str, Any] = {}
     if isinstance(spec.minimum, (int, float)):
-        bounds["exclusiveMinimum" if spec.exclusive_minimum else "minimum"] = spec.minimum
+        bounds["exclusiveMinimum" if spec.exclusive_minimum else "minimum"] = number(spec.minimum)
     if isinstance(spec.maximum, (int, float)):
-        bounds["maximum"] = spec.maximum
+        bounds["maximum"] = number(spec.maximum)
 
     def add(schema: dict[str, Any]) -> None:
         for member in schema.get("anyOf", [schema]):
@@ -106,8 +110,7 @@ def resolved_fields() -> dict[str, tuple[Any, Any]]:
 def native_argument(name: str) -> Any:
     """The annotation of a knob's argument in BentoML's native API (service.py): None means "the default"."""
     spec = KNOB[name]
-    described = f"{spec.help[0].upper()}{spec.help[1:]} ({spec.type_doc}; default {spec.default_shown})."
-    return Annotated[json_type(spec) | None, Field(description=described)]
+    return Annotated[json_type(spec) | None, Field(description=spec.summary())]
 
 
 # --- the tables of README.md and docs/api.md ------------------------------------------------------------
