@@ -292,7 +292,8 @@ class DiffusionEngine:
         """
         # Tokenizing takes time that grows with the prompt, so it runs in the preparation stage (off the event
         # loop, bounded: engine/preparation.py). What its length alone refuses is refused here first, at the
-        # cost of a few string lengths. Validation errors still surface before any event.
+        # cost of a few string lengths, and only here (`prompt_chars`). Validation errors still surface before
+        # any event.
         loop = asyncio.get_running_loop()
         prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
         chars = self.check_prompt_size(prompt, params)

@@ -13,8 +13,9 @@ Statuses:
   any other value is a 400 `unsupported_parameter` that names the field and says why.
 - rejected: any value but null is a 400 `unsupported_parameter` that names the field and says why.
 - deprecated alias: OpenAI's older name of another field; treated as that field is.
-- extension: a diffusion setting OpenAI does not have (ADR 005, "Added").
-Only a field that is in no row is `unknown_parameter`.
+- extension: a diffusion setting OpenAI does not have (ADR 005, "Added"). Those have no row here: they are
+  the sampler knobs, derived from their definitions in engine.params (schemas/knobs.py).
+Only a field that is in no row, and no extension field, is `unknown_parameter`.
 
 Neutral values are compared as JSON values of the same type: `n: 1.0` or `n: true` is not the neutral
 `n: 1`. `ANY` marks a field whose every valid value is a no-op (caching hints for a server that keeps no
