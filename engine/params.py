@@ -143,9 +143,10 @@ class Knob:
         if isinstance(value, bool) or not isinstance(value, allowed):
             raise InvalidParameter(self.name, f"must be {what}, got {value!r}")
         low, high = (self._bound(b, params) for b in (self.minimum, self.maximum))
-        too_low = low is not None and (value < low or (self.exclusive_minimum and value == low))
-        too_high = high is not None and value > high
-        if not (too_low or too_high):
+        # Written as what is inside the range, so that NaN (never inside) is refused too.
+        above_low = low is None or value > low or (value == low and not self.exclusive_minimum)
+        below_high = high is None or value <= high
+        if above_low and below_high:
             return
         if self.bounds_doc:
             raise InvalidParameter(self.name, f"must be between {' and '.join(self.bounds_doc)}, got {value}")
@@ -337,6 +338,9 @@ class SamplingParams:
         default_doc="none",
         http="openai",
         help="the text is cut before the first stop string, and the request ends once one is final",
+        doc="Non-empty strings; `[]` means none. The text is cut before the occurrence that starts first "
+        "(whichever stop string it is, and in whatever order the tokens were committed), the finish reason is "
+        '"stop", and the request ends as soon as a stop string is final.',
     )  # stored as a tuple
 
     def __post_init__(self) -> None:

@@ -61,6 +61,12 @@ def test_the_playground_enables_a_setting_with_the_switch_its_knob_requires():
     assert REQUIRES == {spec.name: spec.requires for spec in KNOBS if spec.requires}
 
 
+@pytest.mark.parametrize("name", ["temperature", "confidence_threshold", "local_leap_anchor_threshold"])
+def test_a_number_that_is_not_a_number_is_out_of_every_range(name):
+    with pytest.raises(InvalidParameter, match=f"{name}: must be"):
+        SamplingParams(**{name: float("nan")}, use_local_leap=name.startswith("local_leap"))
+
+
 def test_a_knob_applies_to_the_families_its_spec_names():
     SamplingParams(kv_cache="dual").check_family("llada")
     SamplingParams().check_family("dream")  # the default is every family's
