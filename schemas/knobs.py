@@ -16,14 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from engine.params import KNOB, KNOBS, Knob
+from engine.params import DEFAULT_GEN_LENGTH, KNOB, KNOBS, Knob
 
 REQUEST_ONLY: tuple[Knob, ...] = (
     Knob(
         "integer",
         None,
         minimum=1,
-        default_doc="`max_tokens` (128)",
+        default_doc=f"`max_tokens` ({DEFAULT_GEN_LENGTH})",
         help="the canvas size, directly",
         doc="Sets the canvas size (gen_length) directly; the prompt plus the canvas must fit the model's maximum "
         "sequence length. With `max_tokens` also given, the two must be equal.",
