@@ -55,8 +55,8 @@ def json_type(spec: Knob) -> Any:
 
 
 def bounds_schema(spec: Knob) -> Any:
-    """Adds the knob's numeric range to its JSON schema (the non-null member), for /docs and clients. The range is
-    documented, not enforced, here: `SamplingParams` enforces it, once."""
+    """Adds the knob's range to its JSON schema (the non-null members), for /docs and clients: a number's bounds,
+    how many non-empty strings. The range is documented, not enforced, here: `SamplingParams` enforces it, once."""
 
     def number(bound: int | float) -> int | float:
         return int(bound) if isinstance(bound, float) and bound.is_integer() else bound  # JSON's 2, not 2.0
@@ -71,6 +71,10 @@ def bounds_schema(spec: Knob) -> Any:
         for member in schema.get("anyOf", [schema]):
             if member.get("type") in ("integer", "number"):
                 member.update(bounds)
+            elif spec.kind == "strings" and member.get("type") == "string":
+                member["minLength"] = 1
+            elif spec.kind == "strings" and member.get("type") == "array":
+                member.update(maxItems=spec.max_items, items={"type": "string", "minLength": 1})
 
     return add
 
