@@ -54,7 +54,7 @@ def json_type(spec: Knob) -> Any:
     return {"integer": int, "number": float, "switch": bool, "strings": str | list[str]}[spec.kind]
 
 
-def bounds_schema(spec: Knob) -> Any:
+def range_schema(spec: Knob) -> Any:
     """Adds the knob's range to its JSON schema (the non-null members), for /docs and clients: a number's bounds,
     how many non-empty strings. The range is documented, not enforced, here: `SamplingParams` enforces it, once."""
 
@@ -79,11 +79,9 @@ def bounds_schema(spec: Knob) -> Any:
     return add
 
 
-def request_field(spec: Knob, description: str | None = None) -> tuple[Any, Any]:
+def request_field(spec: Knob) -> tuple[Any, Any]:
     """A knob's field of the request model, as `pydantic.create_model` takes it: null means "the default"."""
-    return json_type(spec) | None, Field(
-        None, description=description or spec.description(), json_schema_extra=bounds_schema(spec)
-    )
+    return json_type(spec) | None, Field(None, description=spec.description(), json_schema_extra=range_schema(spec))
 
 
 def request_fields() -> dict[str, tuple[Any, Any]]:

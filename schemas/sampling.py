@@ -23,7 +23,7 @@ from engine.params import DEFAULT_GEN_LENGTH, KNOB, SamplingParams
 from engine.prompt import Prompt
 from schemas.errors import ADR_CITATION, APIError, error_from_validation
 from schemas.fields import ANY, Endpoint, openai_field, top_level_names
-from schemas.knobs import REQUEST_KNOBS, bounds_schema, request_fields, request_only
+from schemas.knobs import REQUEST_KNOBS, range_schema, request_fields, request_only
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -62,7 +62,7 @@ class StreamOptions(BaseModel):
 
 def canvas_field(description: str) -> Any:
     """A field that sets the canvas size (gen_length): its range is that knob's, checked by `SamplingParams`."""
-    return Field(None, description=description, json_schema_extra=bounds_schema(KNOB["gen_length"]))
+    return Field(None, description=description, json_schema_extra=range_schema(KNOB["gen_length"]))
 
 
 class _GenerationFields(BaseModel):
