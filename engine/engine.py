@@ -4,6 +4,10 @@ One execution model: every request, from the sync API (`stream`, `generate`) or 
 (`astream`, `agenerate`), is denoised on the engine's one scheduler thread, so the model only ever runs
 there and requests from both share forwards. The sync calls block their own thread until the events
 arrive; the async ones await them on their event loop.
+
+Every entry point takes the prompt as one `Prompt` (engine/prompt.py) or builds it from exactly one of the
+keywords `messages=`, `prompt_token_ids=` or `prompt=` (raw text), once; the rest of the engine sees only
+the `Prompt`.
 """
 
 from __future__ import annotations
