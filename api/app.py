@@ -141,7 +141,7 @@ async def create_chat_completion(request: Request, engine: EngineDep) -> Respons
     """Chat completion by diffusion (ADR 005, docs/adr/005-openai-compatible-api.md): the body is validated
     strictly, see the request schema."""
     chat = parse_chat_request(await read_body(request, app_settings(request).max_request_bytes))
-    return await generate(request, engine, chat, {"messages": chat.engine_messages()}, ChunkBuilder)
+    return await generate(request, engine, chat, ChunkBuilder)
 
 
 @_generation_route("/completions", TextCompletion, TEXT_CHUNK_REF, COMPLETION_REQUEST_REF, "text_completion")
@@ -149,24 +149,20 @@ async def create_completion(request: Request, engine: EngineDep) -> Response:
     """Text completion by diffusion (OpenAI's legacy Completions): the prompt is raw text or token ids, given
     to the model without a chat template; every other field is the chat endpoint's (ADR 005)."""
     completion = parse_completion_request(await read_body(request, app_settings(request).max_request_bytes))
-    return await generate(request, engine, completion, completion.prompt_input(), TextChunkBuilder)
+    return await generate(request, engine, completion, TextChunkBuilder)
 
 
 async def generate(
     request: Request,
     engine: DiffusionEngine,
     generation: GenerationRequest,
-    prompt: dict[str, Any],
     builder: type[ResponseBuilder],
 ) -> Response:
-    """Both endpoints from a validated request on: engine events in, a response or an event stream out.
-
-    prompt: the engine's prompt keyword (`messages`, `prompt` or `prompt_token_ids`).
-    """
+    """Both endpoints from a validated request on: engine events in, a response or an event stream out."""
     request.state.logged = generation.logged_fields()
     params = sampling_params(generation)
     created = int(time.time())
-    events = engine.astream(**prompt, params=params)
+    events = engine.astream(generation.engine_prompt(), params)
 
     # The first event is awaited before the response starts, so that what the engine rejects (a prompt
     # too long for the model, a full queue) still gets its HTTP status, also for streams.

@@ -9,16 +9,13 @@ The error envelope and every (status, type, code) triple live in schemas/errors.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from fastapi.responses import JSONResponse, Response
 
+from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
+from engine.params import DEFAULT_GEN_LENGTH, SamplingParams
 from schemas.errors import APIError
 from schemas.sampling import GenerationRequest
-
-if TYPE_CHECKING:
-    from engine.errors import InvalidParameter
-    from engine.params import SamplingParams
 
 logger = logging.getLogger(f"dllm_serve.{__name__}")
 
@@ -42,24 +39,19 @@ def invalid_parameter_error(error: InvalidParameter, generation: GenerationReque
     param = generation.http_param(error.field)
     message = f"Invalid value for '{param}': {error.rule}"
     if error.field != "gen_length" and "gen_length" in error.rule:
-        message += f"; gen_length is the canvas size, set by {generation.canvas_field} (default 128)"
+        message += f"; gen_length is the canvas size, set by {generation.canvas_field} (default {DEFAULT_GEN_LENGTH})"
     return APIError.invalid_value(param, message.rstrip(".") + ".")
 
 
 def stopped_engine_error(error: Exception) -> APIError | None:
     """The 503 for a request the engine dropped because it is stopping (the end of a drain's grace period);
     None for any other failure."""
-    from engine.errors import EngineShutdown
-
     return APIError.shutting_down() if isinstance(error, EngineShutdown) else None
 
 
 def engine_error(error: Exception, generation: GenerationRequest) -> APIError | None:
     """The HTTP error for what the engine raised before a request's first event; None: a server fault,
     to be answered with a 500 (a ValueError from a bug in the engine is one too, not a 400)."""
-    # Imported here: the engine package loads torch, which importing the service must not.
-    from engine.errors import EngineOverloaded, EngineShutdown, InvalidParameter
-
     if isinstance(error, InvalidParameter):
         return invalid_parameter_error(error, generation)
     if isinstance(error, EngineOverloaded):
@@ -71,11 +63,9 @@ def engine_error(error: Exception, generation: GenerationRequest) -> APIError | 
 
 
 def sampling_params(generation: GenerationRequest) -> SamplingParams:
-    """The engine's parameters for a validated request; the engine's own rules fail as 400s on the request's
-    field (e.g. steps that do not fit the blocks)."""
-    from engine import InvalidParameter, SamplingParams
-
+    """The engine's parameters for a request the schema typed: where the knobs' ranges and rules are checked
+    (once, by `SamplingParams`), a broken one failing as the 400 on the request's field."""
     try:
-        return SamplingParams(**generation.sampling_kwargs())
+        return generation.sampling_params()
     except InvalidParameter as error:
         raise invalid_parameter_error(error, generation) from None

@@ -1,7 +1,8 @@
 """What the playground's form offers, built from the server's own sources so that nothing is written twice.
 
 The ranges, choices and help texts are the request schema's (`schemas.chat.ChatCompletionRequest`, the source
-of /openapi.json too); the defaults are the engine's, resolved for the loaded model (its family's schedule and
+of /openapi.json too, itself derived from the knobs' definitions in engine.params); which switch a setting
+needs is its knob's; the defaults are the engine's, resolved for the loaded model (its family's schedule and
 metric); the canvas limit is the model's maximum sequence length. A default of None means the server decides
 per request (block_length and num_denoising_steps follow the canvas, the seed is drawn, the threshold is
 off): the page leaves such a field empty, and an empty field is omitted from the request.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.params import DEFAULT_STEPS, KNOBS, SamplingParams
 from schemas.chat import ChatCompletionRequest
 
 # The request fields the page offers, grouped as the form shows them.
@@ -30,9 +32,7 @@ CONTROL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 # Fields the API refuses unless a switch is on: the page enables (and sends) them only then.
-REQUIRES = dict.fromkeys(
-    ("local_leap_anchor_threshold", "local_leap_neighbor_threshold", "local_leap_radius"), "use_local_leap"
-)
+REQUIRES = {spec.name: spec.requires for spec in KNOBS if spec.requires}
 _SCHEMA_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum")
 
 
@@ -54,8 +54,6 @@ def control(name: str, schema: dict[str, Any], default: Any, **overrides: Any) -
 
 def resolved_defaults(engine: Any) -> dict[str, Any]:
     """What each offered field is when a request omits it, on this engine (None: decided per request)."""
-    from engine import SamplingParams
-
     family = engine.model.config.sampler_defaults
     # LocalLeap on only so that its thresholds resolve; otherwise a request that names nothing.
     params = SamplingParams(use_local_leap=True).with_model_defaults(family.block_schedule, family.confidence_metric)
@@ -78,8 +76,6 @@ def resolved_defaults(engine: Any) -> dict[str, Any]:
 
 def default_notes() -> dict[str, str]:
     """What the form shows in an empty field whose default is decided per request."""
-    from engine.params import DEFAULT_STEPS
-
     return {
         "block_length": "the canvas",
         "num_denoising_steps": f"min({DEFAULT_STEPS}, canvas)",

@@ -4,6 +4,10 @@ One execution model: every request, from the sync API (`stream`, `generate`) or 
 (`astream`, `agenerate`), is denoised on the engine's one scheduler thread, so the model only ever runs
 there and requests from both share forwards. The sync calls block their own thread until the events
 arrive; the async ones await them on their event loop.
+
+Every entry point takes the prompt as one `Prompt` (engine/prompt.py) or builds it from exactly one of the
+keywords `messages=`, `prompt_token_ids=` or `prompt=` (raw text), once; the rest of the engine sees only
+the `Prompt`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import asyncio
 import dataclasses
 import operator
 import threading
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
 
@@ -26,17 +30,11 @@ from engine.loading import DiffusionLM, default_device, dtype_from_name, load_mo
 from engine.memory import default_kv_cache_budget, mebibytes
 from engine.params import SamplingParams
 from engine.preparation import PreparationStage
+from engine.prompt import Prompt
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.stats import EngineStats
 from engine.tokenizer import ChatTokenizer
-
-CHAT_ROLES = ("system", "user", "assistant")
-
-
-def _exactly_one_prompt(messages, prompt_token_ids, prompt) -> None:
-    if sum(x is not None for x in (messages, prompt_token_ids, prompt)) != 1:
-        raise ValueError("pass exactly one of messages=, prompt_token_ids= or prompt=")
 
 
 def _token_id(value) -> int:
@@ -118,51 +116,20 @@ class DiffusionEngine:
         """The loaded model's family: "llada", "dream" or "llada2"."""
         return self.model.config.family
 
-    def prompt_ids(
-        self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
-        *,
-        prompt: str | None = None,
-    ) -> list[int]:
-        """The prompt's token ids, from exactly one of: chat `messages` (the model's chat template), token ids,
-        or raw `prompt` text (no template; special-token text in it stays plain text, as in messages)."""
-        _exactly_one_prompt(messages, prompt_token_ids, prompt)
-        if prompt_token_ids is not None:
-            return self._checked_token_ids(prompt_token_ids)
-        if prompt is not None:
-            self._check_prompt_text(prompt)
-            ids = self.tokenizer.encode_prompt(prompt)
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids: chat messages through the model's chat template, raw text through the
+        tokenizer alone (special-token text in it stays plain text, as in messages), token ids as they are
+        once checked against the model."""
+        if prompt.kind == "token_ids":
+            return self._checked_token_ids(prompt.value)
+        if prompt.kind == "text":
+            ids = self.tokenizer.encode_prompt(prompt.value)
             if not ids:
                 raise InvalidParameter("prompt", "must not be empty")
             return ids
-        self._check_messages(messages)
-        return self.tokenizer.encode_chat(messages)
+        return self.tokenizer.encode_chat(prompt.messages)
 
-    @staticmethod
-    def _check_prompt_text(prompt) -> None:
-        if not isinstance(prompt, str):
-            raise InvalidParameter("prompt", "must be a string")
-
-    def _check_messages(self, messages: list[dict] | None) -> None:
-        if not messages:
-            raise InvalidParameter("messages", "must contain at least one message")
-        for message in messages:
-            if (
-                not isinstance(message, dict)
-                or message.get("role") not in CHAT_ROLES
-                or not isinstance(message.get("content"), str)
-            ):
-                raise InvalidParameter("messages", f"each message needs a role in {CHAT_ROLES} and string content")
-
-    def check_prompt_size(
-        self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
-        params: SamplingParams | None = None,
-        *,
-        prompt: str | None = None,
-    ) -> int:
+    def check_prompt_size(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Refuse, without tokenizing, a prompt too long for any tokenization of it to fit; return its length.
 
         The length is in characters (messages, as the tokenizer will see them) or token ids. A token stands
@@ -171,7 +138,6 @@ class DiffusionEngine:
         holds). The bound errs one way only: it never refuses a prompt that fits, and a prompt under it may
         still be refused once tokenized. It costs a few string lengths, so it runs before the tokenizer.
         """
-        _exactly_one_prompt(messages, prompt_token_ids, prompt)
         canvas = (params or SamplingParams()).gen_length
         room = self.max_sequence_length - canvas  # tokens left for the prompt
         if room < 1:
@@ -180,24 +146,19 @@ class DiffusionEngine:
                 f"the canvas ({canvas} tokens) leaves no room for the prompt in the model's maximum sequence "
                 f"length ({self.max_sequence_length})",
             )
-        if prompt_token_ids is not None:
-            if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__len__"):
-                raise InvalidParameter("prompt_token_ids", "must be a list of integer token ids")
-            length = len(prompt_token_ids)
+        if prompt.kind == "token_ids":
+            length = len(prompt.value)
             if length > room:
                 raise _too_long(length, canvas, self.max_sequence_length)
             return length
-        if prompt is not None:  # raw text: every character reaches the tokenizer
-            self._check_prompt_text(prompt)
-            field, length = "prompt", len(prompt)
+        if prompt.kind == "text":  # raw text: every character reaches the tokenizer
+            length = len(prompt.value)
         else:
-            self._check_messages(messages)
-            field = "messages"
-            length = sum(self.tokenizer.content_chars(message["content"]) for message in messages)
+            length = sum(self.tokenizer.content_chars(message["content"]) for message in prompt.value)
         per_token = self.tokenizer.max_chars_per_token
         if per_token is not None and length > room * per_token:
             raise InvalidParameter(
-                field,
+                prompt.field,
                 f"the prompt is {length} characters long, more than any prompt that fits can be: the model's "
                 f"maximum sequence length ({self.max_sequence_length} tokens) leaves {room} tokens beside the "
                 f"canvas ({canvas}), at most {room * per_token} characters with this tokenizer",
@@ -209,8 +170,6 @@ class DiffusionEngine:
         # with it every request batched with this one (on CUDA, a device-side assert).
         rows = self.model.config.vocab_size
         try:
-            if isinstance(values, (str, bytes)):
-                raise TypeError
             ids = [_token_id(i) for i in values]
         except TypeError:
             raise InvalidParameter("prompt_token_ids", "must be a list of integer token ids") from None
@@ -224,30 +183,32 @@ class DiffusionEngine:
 
     def new_request(
         self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt: Prompt | str | None = None,
         params: SamplingParams | None = None,
         *,
-        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+        prompt_chars: int | None = None,
     ) -> DenoisingRequest | BlockDiffusionRequest:
         """Tokenize and validate one request; the result can be stepped alone or in a batch.
 
-        Sampler fields the request left unset take the model family's defaults here, so the result (and the
-        HTTP response's `diffusion` object) reports what actually ran.
+        The prompt is a `Prompt`, raw text, or the `messages=` / `prompt_token_ids=` keyword. Sampler fields
+        the request left unset take the model family's defaults here, so the result (and the HTTP response's
+        `diffusion` object) reports what actually ran. `prompt_chars`: the prompt's length as
+        `check_prompt_size` measured it already (the async API measures before it queues the request here);
+        None measures it now.
         """
+        prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
         defaults = self.model.config.sampler_defaults
         params = params or SamplingParams()
         check_family_rules(params, self.family)
         params = params.with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
+        params.check_family(self.family)
+        if prompt_chars is None:
+            self.check_prompt_size(prompt, params)
+        ids = self.prompt_ids(prompt)
         if self.family == "llada2":
-            return self._new_block_request(messages, prompt_token_ids, params, prompt)
-        if params.kv_cache != "none" and self.family != "llada":
-            # The cached forward (KVFrame) exists in the LLaDA model only; Dream's forward computes every position.
-            raise InvalidParameter(
-                "kv_cache", f'is not supported for {self.family} models yet; use "none" (confidence_threshold works)'
-            )
-        self.check_prompt_size(messages, prompt_token_ids, params, prompt=prompt)
-        ids = self.prompt_ids(messages, prompt_token_ids, prompt=prompt)
+            return self._new_block_request(ids, params)
         total = len(ids) + params.gen_length
         if total > self.max_sequence_length:
             raise _too_long(len(ids), params.gen_length, self.max_sequence_length)
@@ -271,11 +232,9 @@ class DiffusionEngine:
             timestep_eps=defaults.timestep_eps,
         )
 
-    def _new_block_request(self, messages, prompt_token_ids, params: SamplingParams, prompt) -> BlockDiffusionRequest:
+    def _new_block_request(self, ids: list[int], params: SamplingParams) -> BlockDiffusionRequest:
         """A block-diffusion (LLaDA2) request. Its canvas is rounded up to whole blocks aligned to position 0,
         so the model's length limit and the cache's size are counted on that."""
-        self.check_prompt_size(messages, prompt_token_ids, params, prompt=prompt)
-        ids = self.prompt_ids(messages, prompt_token_ids, prompt=prompt)
         block = params.block_length
         canvas = -(-(len(ids) + params.gen_length) // block) * block
         if canvas > self.max_sequence_length:
@@ -312,11 +271,11 @@ class DiffusionEngine:
 
     def stream(
         self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt: Prompt | str | None = None,
         params: SamplingParams | None = None,
         *,
-        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
     ) -> Iterator[StepEvent]:
         """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
 
@@ -324,9 +283,8 @@ class DiffusionEngine:
         queue full), EngineShutdown. Later: the exception the request's step raised. Closing the
         iterator early frees the request's batch slot at the next step.
         """
-        request = self.new_request(
-            messages, prompt_token_ids, params, prompt=prompt
-        )  # tokenized on the caller's thread
+        prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
+        request = self.new_request(prompt, params)  # tokenized on the caller's thread
         handle = self._running_scheduler().submit(request)
         try:
             while True:
@@ -339,15 +297,16 @@ class DiffusionEngine:
 
     def generate(
         self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt: Prompt | str | None = None,
         params: SamplingParams | None = None,
         *,
-        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
     ) -> GenerationResult:
         """The request's result (same errors as `stream`). Only the last event is delivered: the calling
         thread is woken once, not at every step, which a lone request would pay for in latency."""
-        request = self.new_request(messages, prompt_token_ids, params, prompt=prompt)
+        prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
+        request = self.new_request(prompt, params)
         handle = self._running_scheduler().submit(request, every_event=False)
         try:
             event = handle.wait_event()
@@ -360,11 +319,11 @@ class DiffusionEngine:
 
     async def astream(
         self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt: Prompt | str | None = None,
         params: SamplingParams | None = None,
         *,
-        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
     ) -> AsyncGenerator[StepEvent, None]:
         """Yield one StepEvent per forward pass of this request, sharing forwards with concurrent requests.
 
@@ -374,12 +333,14 @@ class DiffusionEngine:
         """
         # Tokenizing takes time that grows with the prompt, so it runs in the preparation stage (off the event
         # loop, bounded: engine/preparation.py). What its length alone refuses is refused here first, at the
-        # cost of a few string lengths. Validation errors still surface before any event.
+        # cost of a few string lengths, and only here (`prompt_chars`). Validation errors still surface before
+        # any event.
         loop = asyncio.get_running_loop()
-        prompt_chars = self.check_prompt_size(messages, prompt_token_ids, params, prompt=prompt)
+        prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
+        chars = self.check_prompt_size(prompt, params)
         scheduler = self._running_scheduler()
         request = await self._preparation.run(
-            prompt_chars, scheduler.load(), lambda: self.new_request(messages, prompt_token_ids, params, prompt=prompt)
+            chars, scheduler.load(), lambda: self.new_request(prompt, params, prompt_chars=chars)
         )
         handle = self._running_scheduler().submit(request, loop)
         try:
@@ -393,14 +354,15 @@ class DiffusionEngine:
 
     async def agenerate(
         self,
-        messages: list[dict] | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt: Prompt | str | None = None,
         params: SamplingParams | None = None,
         *,
-        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
     ) -> GenerationResult:
         """`generate` for the event loop: the result of `astream`'s last event (same errors)."""
-        async with aclosing(self.astream(messages, prompt_token_ids, params, prompt=prompt)) as events:
+        prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
+        async with aclosing(self.astream(prompt, params)) as events:
             async for event in events:
                 if event.finished:
                     return event.result

@@ -1,10 +1,11 @@
-"""Which sampler knobs apply to which model family: the rules SamplingParams cannot check without the model.
+"""The rules between a request's knobs and the loaded model family that a knob's spec cannot say alone.
 
-SamplingParams (engine/params.py) checks each knob's range and how knobs combine; whether a knob means anything
-depends on the loaded model. Block diffusion (LLaDA2) has its own sampler (engine/block_sampler.py): an exact KV
-cache that is always on, the uniform schedule, top-1-probability confidence, and LLaDA2.1's editing knobs. The
-LLaDA / Dream samplers have none of the latter, and LLaDA2 none of their cache modes, schedules, metrics or
-LocalLeap. A knob that does not apply is refused (InvalidParameter naming it), never silently ignored.
+A knob that applies to some families only says so in its spec (`families` in engine/params.py), and
+`SamplingParams.check_family` refuses it elsewhere. What is left here are rules on a knob's *value* or on a
+pair of knobs: block diffusion (LLaDA2) has its own sampler (engine/block_sampler.py), with an exact KV cache
+that is always on, the official uniform schedule and top-1-probability confidence, so it refuses the LLaDA /
+Dream cache modes, schedules, metrics and LocalLeap; only there may a threshold and a step count be combined
+(the steps set each forward's minimum quota). Nothing that does not apply is silently ignored.
 """
 
 from __future__ import annotations
@@ -13,19 +14,12 @@ from engine.errors import InvalidParameter
 from engine.params import SamplingParams
 
 BLOCK_DIFFUSION_FAMILIES = frozenset({"llada2"})
-BLOCK_DIFFUSION_ONLY = ("editing_threshold", "max_post_steps", "min_tokens_per_step")
 
 
 def check_family_rules(params: SamplingParams, family: str) -> None:
     if family in BLOCK_DIFFUSION_FAMILIES:
         _check_block_diffusion(params)
-        return
-    for name in BLOCK_DIFFUSION_ONLY:
-        if getattr(params, name) is not None:
-            raise InvalidParameter(
-                name, f"applies to block-diffusion models (LLaDA2.1's token editing) only, not to {family} models"
-            )
-    if params.confidence_threshold is not None and params.num_denoising_steps is not None:
+    elif params.confidence_threshold is not None and params.num_denoising_steps is not None:
         # Fast-dLLM's threshold decoding has no step count: a block takes the forwards it needs, each committing
         # at least one token (see SamplingParams.steps_per_block).
         raise InvalidParameter(
@@ -36,7 +30,7 @@ def check_family_rules(params: SamplingParams, family: str) -> None:
 
 
 def _check_block_diffusion(params: SamplingParams) -> None:
-    if params.kv_cache != "none":
+    if params.kv_cache != "none":  # before the spec's generic refusal: a better reason
         raise InvalidParameter(
             "kv_cache",
             "does not apply to block-diffusion models: their KV cache is exact and always on; leave it unset",

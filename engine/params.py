@@ -1,15 +1,22 @@
-"""Per-request sampling parameters, with the names and defaults of ADR 005 (docs/adr/005-openai-compatible-api.md).
+"""Per-request sampling parameters: every sampler knob, defined once, and the rules between them.
 
-Every rule lives here, so the offline API and the HTTP layer reject the same things with the same words.
+`SamplingParams` is the table of knobs: each field's declaration carries its spec (`Knob`: type, range,
+default, one-line help, the switch it needs, the model families it applies to), and validation runs from
+those specs. Everything else that shows a knob is derived from `KNOBS`: the HTTP request fields and their
+/docs text, the resolved `diffusion` object, BentoML's native API arguments, the playground's ranges and
+the tables in README.md and docs/api.md (schemas/knobs.py). The names and defaults are ADR 005's
+(docs/adr/005-openai-compatible-api.md). This module imports no torch, so the HTTP schemas may use it.
+
 A violated rule raises `InvalidParameter` (a ValueError) that names the field, so the HTTP layer can
 report it as `error.param`.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, get_args
 
 from engine.errors import InvalidParameter
 
@@ -17,192 +24,403 @@ BlockSchedule = Literal["uniform", "front_loaded", "cosine", "dream"]
 ConfidenceMetric = Literal["top1_prob", "entropy_inverse", "margin"]
 KVCacheMode = Literal["none", "prefix", "dual"]
 
-BLOCK_SCHEDULES = ("uniform", "front_loaded", "cosine", "dream")
-CONFIDENCE_METRICS = ("top1_prob", "entropy_inverse", "margin")
-KV_CACHE_MODES = ("none", "prefix", "dual")
+BLOCK_SCHEDULES: tuple[str, ...] = get_args(BlockSchedule)
+CONFIDENCE_METRICS: tuple[str, ...] = get_args(ConfidenceMetric)
+KV_CACHE_MODES: tuple[str, ...] = get_args(KVCacheMode)
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_STEPS = 128
 MAX_STEPS = 512
 MAX_TEMPERATURE = 2.0
 MAX_STOP_STRINGS = 4
-LOCAL_LEAP_DEFAULTS = {
-    "local_leap_anchor_threshold": 0.9,
-    "local_leap_neighbor_threshold": 0.75,
-    "local_leap_radius": 4,
-}
 MAX_LOCAL_LEAP_RADIUS = 16
-# LLaDA2.1's knobs beside editing_threshold, and their defaults (the official generate()'s).
-BLOCK_DIFFUSION_EDIT_KNOBS = {"max_post_steps": 16, "min_tokens_per_step": 1}
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
-
-def _require_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidParameter(name, f"must be an integer, got {value!r}")
-
-
-def _require_bool(name: str, value) -> None:
-    if not isinstance(value, bool):  # "false" is truthy: a string here would silently flip the switch
-        raise InvalidParameter(name, f"must be true or false, got {value!r}")
+Kind = Literal["integer", "number", "switch", "choice", "strings"]
+# Where a knob appears on the HTTP API: an extension field of its own name, an OpenAI field of its own name
+# (its row in schemas/fields.py says how it differs from OpenAI's), or the canvas fields (max_tokens, ...).
+# None: the Python API only.
+Exposure = Literal["extension", "openai", "canvas"]
 
 
-def _require_number(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidParameter(name, f"must be a number, got {value!r}")
+@dataclass(frozen=True)
+class Knob:
+    """The spec of one sampler knob. `name` is the `SamplingParams` field it is declared on."""
+
+    kind: Kind
+    default: Any
+    help: str  # one line: what it does (README, the native API, the playground)
+    doc: str = ""  # the whole effect, when one line is not enough (docs/api.md, /docs)
+    minimum: int | float | str | None = None  # a number, or the name of the knob whose value bounds it
+    maximum: int | float | str | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] = ()
+    max_items: int = 0  # strings: how many at most
+    default_doc: str = ""  # how an omitted value resolves, when that is not simply `default`
+    bounds_doc: tuple[str, str] | None = None  # the bounds as written, when the numbers read badly (the seed's)
+    requires: str | None = None  # a knob that must be on (a switch) or set (any other kind) for this one to be set
+    when_on: Any = None  # this knob's default once `requires` is on
+    default_from: str | None = None  # an omitted value takes this (earlier) knob's value
+    families: tuple[str, ...] | None = None  # the model families it applies to; None: every family
+    resolved: bool = False  # an omitted value always resolves to a concrete one (never reported as null)
+    http: Exposure | None = "extension"
+    name: str = ""
+
+    # --- what the docs show ------------------------------------------------------------------------
+
+    @property
+    def type_doc(self) -> str:
+        """e.g. "integer 1–512", "number in (0, 1]", "boolean", `"none", "prefix", "dual"`."""
+        if self.kind == "switch":
+            return "boolean"
+        if self.kind == "choice":
+            return ", ".join(f'"{c}"' for c in self.choices)
+        if self.kind == "strings":
+            return f"string or up to {self.max_items} strings"
+        low, high = self.bounds_doc or (_shown_bound(b) for b in (self.minimum, self.maximum))
+        if self.bounds_doc:
+            span = f"{low} … {high}"
+        elif self.maximum is None:
+            span = f"≥ {low}"
+        elif self.exclusive_minimum:
+            span = f"in ({low}, {high}]"
+        else:
+            span = f"{low}–{high}"
+        return f"{self.kind} {span}"
+
+    @property
+    def default_shown(self) -> str:
+        """The default as the docs write it."""
+        if self.default_doc:
+            return self.default_doc
+        value = self.when_on if self.requires else self.default
+        return _shown(value) if value is not None else "—"
+
+    def effect(self) -> str:
+        """What the knob does, with the conditions it needs (docs/api.md's "Effect")."""
+        text = self.doc or _sentence(self.help)
+        if self.requires:
+            text += f" Only with `{self._requirement}` (400 otherwise)."
+        if self.families:
+            text += f" Only for {' and '.join(self.families)} models: others refuse any other value (400)."
+        return text
+
+    def description(self) -> str:
+        """The knob's whole text for /docs: its effect, then its range and its default."""
+        return f"{self.effect()} Accepts {self.type_doc}; default {self.default_shown}."
+
+    def summary(self) -> str:
+        """One line for a form or an argument list: what it does, its range, its default."""
+        return f"{_sentence(self.help)} Accepts {self.type_doc}; default {self.default_shown}."
+
+    # --- validation ---------------------------------------------------------------------------------
+
+    def checked(self, params: SamplingParams) -> Any:
+        """This knob's value in `params` checked against its own spec (type, range, switch), with the default
+        its switch implies filled in. A None left for the cross-field rules to resolve stays None."""
+        value = getattr(params, self.name)
+        if self.requires is not None:
+            if not is_on(getattr(params, self.requires)):
+                if value is not None:
+                    raise InvalidParameter(self.name, f"is only allowed together with {self._requirement}")
+                return None
+            if value is None:
+                value = self.when_on
+        if value is None and self.default_from is not None:
+            value = getattr(params, self.default_from)
+        if self.kind == "strings":
+            return self._checked_strings(value)
+        if value is None and self.default is None:
+            return None
+        if self.kind == "switch":
+            if not isinstance(value, bool):  # "false" is truthy: a string here would silently flip the switch
+                raise InvalidParameter(self.name, f"must be true or false, got {value!r}")
+        elif self.kind == "choice":
+            if value not in self.choices:
+                raise InvalidParameter(self.name, f"must be one of {', '.join(self.choices)}")
+        else:
+            self._check_number(value, params)
+        return value
+
+    def _check_number(self, value: Any, params: SamplingParams) -> None:
+        allowed, what = (int, "an integer") if self.kind == "integer" else ((int, float), "a number")
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            raise InvalidParameter(self.name, f"must be {what}, got {value!r}")
+        low, high = (self._bound(b, params) for b in (self.minimum, self.maximum))
+        # Written as what is inside the range, so that NaN (never inside) is refused too.
+        above_low = low is None or value > low or (value == low and not self.exclusive_minimum)
+        below_high = high is None or value <= high
+        if above_low and below_high:
+            return
+        if self.bounds_doc:
+            raise InvalidParameter(self.name, f"must be between {' and '.join(self.bounds_doc)}, got {value}")
+        shown_high = f"{self.maximum} ({high})" if isinstance(self.maximum, str) else f"{high}"
+        if high is None:
+            rule = f"must be at least {low}"
+        elif self.exclusive_minimum:
+            rule = f"must be greater than {low} and at most {shown_high}"
+        else:
+            rule = f"must be between {low} and {shown_high}"
+        raise InvalidParameter(self.name, f"{rule}, got {value}")
+
+    @property
+    def _requirement(self) -> str:
+        """How the docs and errors name what this knob needs: "use_local_leap: true", "editing_threshold set"."""
+        return f"{self.requires}: true" if KNOB[self.requires].kind == "switch" else f"{self.requires} set"
+
+    @staticmethod
+    def _bound(bound: int | float | str | None, params: SamplingParams) -> int | float | None:
+        return getattr(params, bound) if isinstance(bound, str) else bound
+
+    def _checked_strings(self, value: Any) -> tuple[str, ...]:
+        strings = () if value is None else (value,) if isinstance(value, str) else value
+        if (
+            not isinstance(strings, (list, tuple))
+            or len(strings) > self.max_items
+            or not all(isinstance(s, str) and s for s in strings)
+        ):
+            raise InvalidParameter(
+                self.name, f"must be a string or a list of at most {self.max_items} non-empty strings"
+            )
+        return tuple(strings)
+
+
+def is_on(value: Any) -> bool:
+    """Whether a knob that others require is on: a switch that is true, or any other knob that is set (an
+    `editing_threshold` of 0 is on)."""
+    return value is not None and value is not False
+
+
+def _sentence(text: str) -> str:
+    return f"{text[0].upper() if text[0].isascii() else text[0]}{text[1:]}."  # "κ: ..." keeps its κ
+
+
+def _shown_bound(bound: Any) -> str:
+    return bound if isinstance(bound, str) else _shown(bound)  # a knob's name: as it is
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def knob(kind: Kind, default: Any = None, **spec: Any) -> Any:
+    """A `SamplingParams` field declared with its spec (read back by `KNOBS`)."""
+    return field(default=default, metadata={"knob": Knob(kind, default, **spec)})
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request is denoised. Omitted lengths resolve as the ADR says:
+    """How one request is denoised: one field per knob, in the order the docs and the `diffusion` object list them.
 
-    block_length → gen_length (one bidirectional block); num_denoising_steps → min(128, gen_length);
-    block_schedule and confidence_metric → the loaded model family's own (LLaDA: uniform, top1_prob;
-    Dream: dream, entropy_inverse), filled in by the engine (`with_model_defaults`); LocalLeap
-    thresholds → κ 0.9, τ 0.75, W 4 when `use_local_leap` is on (setting them while it is off is an
-    error, never silently ignored); seed → a fresh random one (recorded in `seed`).
-
-    kv_cache ("none" | "prefix" | "dual") and confidence_threshold (None or τ in (0, 1]) are Fast-dLLM's
-    approximate KV cache and threshold decoding (docs/sampler.md). With a threshold, each forward commits the
-    candidates with confidence ≥ τ plus the most confident one instead of a scheduled quota, so there is no
-    step count: `num_denoising_steps` stays None. Only on a block-diffusion model (LLaDA2.0) may both be set:
-    the steps' schedule is then each forward's minimum quota (the engine refuses the pair elsewhere).
-
-    editing_threshold, max_post_steps, min_tokens_per_step: LLaDA2.1's sampler (token editing), selected by
-    editing_threshold; block-diffusion models only (docs/sampler.md).
+    Omitted values resolve as each knob's spec says: block_length → gen_length (one bidirectional block);
+    num_denoising_steps → min(128, gen_length); block_schedule and confidence_metric → the loaded model
+    family's own, filled in by the engine (`with_model_defaults`); LocalLeap's settings → κ 0.9, τ 0.75,
+    W 4 once `use_local_leap` is on (setting them while it is off is an error, never silently ignored);
+    seed → a fresh random one (recorded in `seed`). With a confidence_threshold there is no step count:
+    `num_denoising_steps` must be left unset and stays None (docs/sampler.md).
     """
 
-    gen_length: int = DEFAULT_GEN_LENGTH
-    block_length: int | None = None
-    num_denoising_steps: int | None = None
-    block_schedule: BlockSchedule | None = None  # None → the model family's default
-    confidence_metric: ConfidenceMetric | None = None  # None → the model family's default
-    temperature: float = 0.0
-    seed: int | None = None
-    use_local_leap: bool = False
-    local_leap_anchor_threshold: float | None = None
-    local_leap_neighbor_threshold: float | None = None
-    local_leap_radius: int | None = None
-    force_single_batch: bool = False
-    early_exit: bool = True
-    kv_cache: KVCacheMode = "none"
-    confidence_threshold: float | None = None
-    stop: tuple[str, ...] | str | None = field(default_factory=tuple)  # stored as a tuple
-    # Block diffusion (LLaDA2.1) only; see `_check_block_diffusion_knobs`.
-    editing_threshold: float | None = None
-    max_post_steps: int | None = None  # None → 16 with editing_threshold
-    min_tokens_per_step: int | None = None  # None → 1 with editing_threshold (the official num_to_transfer)
+    gen_length: int = knob("integer", DEFAULT_GEN_LENGTH, minimum=1, http="canvas", help="the canvas size in tokens")
+    block_length: int | None = knob(
+        "integer",
+        minimum=1,
+        maximum="gen_length",
+        default_doc="gen_length",
+        default_from="gen_length",
+        resolved=True,
+        help="tokens per block; gen_length must be a multiple of it",
+        doc="Tokens per block; gen_length must be a multiple of it. Blocks are denoised left to right "
+        "(semi-autoregressive); the default is one fully bidirectional block.",
+    )
+    num_denoising_steps: int | None = knob(
+        "integer",
+        minimum=1,
+        maximum=MAX_STEPS,
+        default_doc=f"min({DEFAULT_STEPS}, gen_length)",
+        help="forward passes over the canvas",
+        doc="Forward passes over the canvas (before early exit). Must be a multiple of the number of blocks "
+        "(gen_length / block_length) and give at most block_length steps per block. Fewer steps commit more "
+        "tokens per step: faster, usually less accurate. Not with `confidence_threshold` (reported as null "
+        "then: the threshold decides the number of forward passes).",
+    )
+    block_schedule: BlockSchedule | None = knob(
+        "choice",
+        choices=BLOCK_SCHEDULES,
+        default_doc='the model\'s: "uniform" (LLaDA), "dream" (Dream, DiffuCoder)',
+        resolved=True,
+        help="how many tokens each step of a block commits",
+        doc="How many tokens each step of a block commits: evenly (LLaDA's reference), more early and linearly "
+        "fewer later, few early and more later, or Dream's linear-timestep schedule (a share 1 − s/t of the masks "
+        "still left, none at first, the rest at the last step).",
+    )
+    confidence_metric: ConfidenceMetric | None = knob(
+        "choice",
+        choices=CONFIDENCE_METRICS,
+        default_doc='the model\'s: "top1_prob" (LLaDA), "entropy_inverse" (Dream, DiffuCoder)',
+        resolved=True,
+        help="which masked positions are committed first",
+        doc="Which masked positions are committed first: the highest probability of the predicted token, the "
+        "lowest entropy (exp(−H)) of the position's distribution, or the largest lead of the top token over the "
+        "runner-up (p₁ − p₂, Dream's `topk_margin`).",
+    )
+    temperature: float = knob(
+        "number",
+        0.0,
+        minimum=0,
+        maximum=MAX_TEMPERATURE,
+        http="openai",
+        help="how random the sampling is: 0 is the deterministic argmax (the reference path)",
+        doc="0 is the deterministic argmax, the reference path. Above 0, each position's token is drawn by "
+        "Gumbel-max sampling from softmax(logits / temperature).",
+    )
+    seed: int | None = knob(
+        "integer",
+        minimum=SEED_MIN,
+        maximum=SEED_MAX,
+        bounds_doc=("-2**63", "2**64 - 1"),
+        default_doc="random (reported in `diffusion.seed`)",
+        resolved=True,
+        http="openai",
+        help="seeds the request's own random generator (used when temperature > 0)",
+        doc="Seeds the request's own random generator (used when temperature > 0; no global state): the same "
+        "seed and parameters give the same output.",
+    )
+    force_single_batch: bool = knob(
+        "switch",
+        False,
+        help="run alone, never sharing a forward pass with other requests (reproducible output)",
+        doc="Run the request alone, never sharing a forward pass with other requests: bit-reproducible output "
+        "whatever the load.",
+    )
+    use_local_leap: bool = knob(
+        "switch",
+        False,
+        help="LocalLeap acceleration (arXiv:2510.07081)",
+        doc="LocalLeap (arXiv:2510.07081), training-free: besides each step's quota, commit every position whose "
+        "confidence ≥ κ (an anchor) and every position within W of an anchor whose confidence ≥ τ. Fewer "
+        "forward passes.",
+    )
+    local_leap_anchor_threshold: float | None = knob(
+        "number", minimum=0, maximum=1, requires="use_local_leap", when_on=0.9, help="κ: an anchor's confidence"
+    )
+    local_leap_neighbor_threshold: float | None = knob(
+        "number", minimum=0, maximum=1, requires="use_local_leap", when_on=0.75, help="τ: a neighbour's confidence"
+    )
+    local_leap_radius: int | None = knob(
+        "integer",
+        minimum=1,
+        maximum=MAX_LOCAL_LEAP_RADIUS,
+        requires="use_local_leap",
+        when_on=4,
+        help="W: how far from an anchor, in positions",
+    )
+    early_exit: bool = knob(
+        "switch", True, http=None, help="stop denoising once the answer has ended (an end-of-text token is final)"
+    )
+    kv_cache: KVCacheMode = knob(
+        "choice",
+        "none",
+        choices=KV_CACHE_MODES,
+        families=("llada",),
+        help="Fast-dLLM's approximate KV cache; pays off with several blocks",
+        doc="Fast-dLLM's approximate KV cache (arXiv:2505.22618): after a block's first step, recompute only the "
+        'block and what follows it ("prefix") or the block alone ("dual"), reusing the other positions\' keys '
+        'and values from that first step. "none" is the exact reference path. Much cheaper steps on long '
+        "canvases with several blocks; an approximation (the output can differ). A request whose cache cannot "
+        "fit the server's KV-cache budget is refused (400 on `kv_cache`); one that fits waits for memory.",
+    )
+    confidence_threshold: float | None = knob(
+        "number",
+        minimum=0,
+        maximum=1,
+        exclusive_minimum=True,
+        default_doc="off",
+        help="commit every position with confidence ≥ τ (plus the surest) per step, instead of a step count",
+        doc="Fast-dLLM's threshold decoding: a step commits every masked position of the block whose confidence "
+        "(per `confidence_metric`) is ≥ τ, plus always the most confident one; a block takes the steps it needs. "
+        'Not with `num_denoising_steps`, a `block_schedule` other than "uniform", or `use_local_leap`. Works '
+        "with every `kv_cache`; Fast-dLLM's setting is 0.9 with `block_length` 32 and a cache.",
+    )
+    stop: tuple[str, ...] | str | None = knob(
+        "strings",
+        (),
+        max_items=MAX_STOP_STRINGS,
+        default_doc="none",
+        http="openai",
+        help="the text is cut before the first stop string, and the request ends once one is final",
+        doc="Non-empty strings; `[]` means none. The text is cut before the occurrence that starts first "
+        "(whichever stop string it is, and in whatever order the tokens were committed), the finish reason is "
+        '"stop", and the request ends as soon as a stop string is final.',
+    )  # stored as a tuple
+    editing_threshold: float | None = knob(
+        "number",
+        minimum=0,
+        maximum=1,
+        families=("llada2",),
+        default_doc="off (LLaDA2.0's sampler)",
+        help="LLaDA2.1's token editing: overwrite a written token when another is surer than this",
+        doc="Selects LLaDA2.1's sampler: besides filling masks, each forward overwrites every already written "
+        "(non-prompt) token of the block whose best candidate is another token with confidence strictly above "
+        "this; 1 never edits. A block ends after a forward that finds no mask and edits nothing. Not with "
+        "`num_denoising_steps` (this sampler has no schedule).",
+    )
+    max_post_steps: int | None = knob(
+        "integer",
+        minimum=0,
+        maximum=MAX_STEPS,
+        requires="editing_threshold",
+        when_on=16,
+        families=("llada2",),
+        help="forwards a block may take after its last mask is filled, editing only",
+    )
+    min_tokens_per_step: int | None = knob(
+        "integer",
+        minimum=1,
+        maximum="block_length",
+        requires="editing_threshold",
+        when_on=1,
+        families=("llada2",),
+        help="masks each forward fills at least (the official num_to_transfer)",
+    )
 
     def __post_init__(self) -> None:
+        for spec in knobs_of(type(self)):  # each knob against its own spec, in declaration order
+            object.__setattr__(self, spec.name, spec.checked(self))
+        self._apply_rules()
+
+    def _apply_rules(self) -> None:
+        """The rules between knobs, and the defaults that depend on other knobs."""
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
-
-        _require_int("gen_length", self.gen_length)
-        if self.gen_length < 1:
-            raise InvalidParameter("gen_length", f"must be at least 1, got {self.gen_length}")
-
-        if self.block_length is None:
-            set_("block_length", self.gen_length)
-        _require_int("block_length", self.block_length)
-        if not 1 <= self.block_length <= self.gen_length:
-            raise InvalidParameter(
-                "block_length", f"must be between 1 and gen_length ({self.gen_length}), got {self.block_length}"
-            )
         if self.gen_length % self.block_length:
             raise InvalidParameter(
                 "block_length",
                 f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
             )
-
-        # Threshold decoding and LLaDA2.1 (editing) have no step count unless one is given; with a threshold it is
-        # the block-diffusion (LLaDA2.0) minimum quota per forward (engine/family_rules.py refuses it elsewhere).
-        if self.num_denoising_steps is not None or (
-            self.confidence_threshold is None and self.editing_threshold is None
-        ):
-            self._resolve_steps(set_)
-
-        if self.block_schedule is not None and self.block_schedule not in BLOCK_SCHEDULES:
-            raise InvalidParameter("block_schedule", f"must be one of {', '.join(BLOCK_SCHEDULES)}")
-        if self.confidence_metric is not None and self.confidence_metric not in CONFIDENCE_METRICS:
-            raise InvalidParameter("confidence_metric", f"must be one of {', '.join(CONFIDENCE_METRICS)}")
-
-        _require_number("temperature", self.temperature)
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise InvalidParameter("temperature", f"must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}")
-
         if self.seed is None:
             set_("seed", secrets.randbits(63))
-        _require_int("seed", self.seed)
-        if not SEED_MIN <= self.seed <= SEED_MAX:
-            raise InvalidParameter("seed", f"must be between -2**63 and 2**64 - 1, got {self.seed}")
-
-        for name in ("use_local_leap", "force_single_batch", "early_exit"):
-            _require_bool(name, getattr(self, name))
-        self._resolve_local_leap(set_)
-
-        if self.kv_cache not in KV_CACHE_MODES:
-            raise InvalidParameter("kv_cache", f"must be one of {', '.join(KV_CACHE_MODES)}")
+        if self.editing_threshold is not None:
+            self._check_editing()
+        elif self.confidence_threshold is None or self.num_denoising_steps is not None:
+            # With a threshold, a step count is each forward's minimum quota on block-diffusion models; the
+            # engine refuses the pair on the others (engine/family_rules.py).
+            self._resolve_steps(set_)
         if self.confidence_threshold is not None:
             self._check_threshold()
 
-        self._check_block_diffusion_knobs(set_)
-
-        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop
-        if (
-            not isinstance(stop, (list, tuple))
-            or len(stop) > MAX_STOP_STRINGS
-            or not all(isinstance(s, str) and s for s in stop)
-        ):
-            raise InvalidParameter(
-                "stop", f"must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings"
-            )
-        set_("stop", tuple(stop))
-
-    # --- block diffusion (LLaDA2.1) knobs: editing_threshold, max_post_steps, min_tokens_per_step ---------------
-    # The engine refuses them on families without block diffusion (engine.engine, `_check_family_rules`).
-
-    def _check_block_diffusion_knobs(self, set_) -> None:
-        """`editing_threshold` selects LLaDA2.1's sampler (token editing); the other two tune it and need it."""
-        if self.editing_threshold is None:
-            for name in BLOCK_DIFFUSION_EDIT_KNOBS:
-                if getattr(self, name) is not None:
-                    raise InvalidParameter(name, "is only allowed together with editing_threshold")
-            return
-        _require_number("editing_threshold", self.editing_threshold)
-        if not 0.0 <= self.editing_threshold <= 1.0:
-            raise InvalidParameter(
-                "editing_threshold", f"must be between 0 and 1 (1 turns editing off), got {self.editing_threshold}"
-            )
+    def _check_editing(self) -> None:
         if self.num_denoising_steps is not None:
             raise InvalidParameter(
                 "num_denoising_steps",
                 "does not apply with editing_threshold: LLaDA2.1's sampler has no step schedule (each forward "
                 "commits at least min_tokens_per_step tokens); leave it unset",
             )
-        for name, default in BLOCK_DIFFUSION_EDIT_KNOBS.items():
-            if getattr(self, name) is None:
-                set_(name, default)
-        _require_int("max_post_steps", self.max_post_steps)
-        if not 0 <= self.max_post_steps <= MAX_STEPS:
-            raise InvalidParameter("max_post_steps", f"must be between 0 and {MAX_STEPS}, got {self.max_post_steps}")
-        _require_int("min_tokens_per_step", self.min_tokens_per_step)
-        if not 1 <= self.min_tokens_per_step <= self.block_length:
-            raise InvalidParameter(
-                "min_tokens_per_step",
-                f"must be between 1 and block_length ({self.block_length}), got {self.min_tokens_per_step}",
-            )
-
-    @property
-    def uses_editing(self) -> bool:
-        """LLaDA2.1's sampler: tokens already written may be overwritten (editing_threshold < 1; 1 never edits)."""
-        return self.editing_threshold is not None and self.editing_threshold < 1.0
-
-    # --- end of the block diffusion knobs -----------------------------------------------------------------
 
     def _check_threshold(self) -> None:
-        _require_number("confidence_threshold", self.confidence_threshold)
-        if not 0.0 < self.confidence_threshold <= 1.0:
-            raise InvalidParameter(
-                "confidence_threshold", f"must be greater than 0 and at most 1, got {self.confidence_threshold}"
-            )
         # LocalLeap and the block schedule also decide how many tokens a step commits: the threshold replaces both.
         if self.use_local_leap:
             raise InvalidParameter(
@@ -220,10 +438,7 @@ class SamplingParams:
         defaulted = self.num_denoising_steps is None
         if defaulted:
             set_("num_denoising_steps", min(DEFAULT_STEPS, self.gen_length))
-        _require_int("num_denoising_steps", self.num_denoising_steps)
         steps = self.num_denoising_steps
-        if not 1 <= steps <= MAX_STEPS:
-            raise InvalidParameter("num_denoising_steps", f"must be between 1 and {MAX_STEPS}, got {steps}")
         if steps % self.num_blocks:
             origin = f" (not set: the default, min({DEFAULT_STEPS}, gen_length))" if defaulted else ""
             raise InvalidParameter(
@@ -236,25 +451,6 @@ class SamplingParams:
                 "num_denoising_steps",
                 f"gives {self.steps_per_block} steps per block, more than block_length ({self.block_length}): "
                 "every step must commit at least one token",
-            )
-
-    def _resolve_local_leap(self, set_) -> None:
-        if not self.use_local_leap:
-            for name in LOCAL_LEAP_DEFAULTS:
-                if getattr(self, name) is not None:
-                    raise InvalidParameter(name, "is only allowed together with use_local_leap: true")
-            return
-        for name, default in LOCAL_LEAP_DEFAULTS.items():
-            if getattr(self, name) is None:
-                set_(name, default)
-        for name in ("local_leap_anchor_threshold", "local_leap_neighbor_threshold"):
-            _require_number(name, getattr(self, name))
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise InvalidParameter(name, f"must be between 0 and 1, got {getattr(self, name)}")
-        _require_int("local_leap_radius", self.local_leap_radius)
-        if not 1 <= self.local_leap_radius <= MAX_LOCAL_LEAP_RADIUS:
-            raise InvalidParameter(
-                "local_leap_radius", f"must be between 1 and {MAX_LOCAL_LEAP_RADIUS}, got {self.local_leap_radius}"
             )
 
     def with_model_defaults(self, block_schedule: str, confidence_metric: str) -> SamplingParams:
@@ -275,6 +471,19 @@ class SamplingParams:
             confidence_metric=self.confidence_metric or confidence_metric,
         )
 
+    def check_family(self, family: str) -> None:
+        """Refuse a knob set for a model family it does not apply to (its spec's `families`)."""
+        for spec in knobs_of(type(self)):
+            unset = spec.when_on if spec.requires and is_on(getattr(self, spec.requires)) else spec.default
+            if spec.families is not None and family not in spec.families and getattr(self, spec.name) != unset:
+                instead = f"use {_shown(spec.default)}" if spec.default is not None else "leave it unset"
+                raise InvalidParameter(spec.name, f"is not supported for {family} models yet; {instead}")
+
+    @property
+    def uses_editing(self) -> bool:
+        """LLaDA2.1's sampler may overwrite written tokens (an editing_threshold of 1 never does)."""
+        return self.editing_threshold is not None and self.editing_threshold < 1.0
+
     @property
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
@@ -286,3 +495,14 @@ class SamplingParams:
             # "everything left" changes nothing, since each earlier forward committed at least one token.
             return self.block_length
         return self.num_denoising_steps // self.num_blocks
+
+
+@functools.cache
+def knobs_of(params_class: type[SamplingParams]) -> tuple[Knob, ...]:
+    """The specs of a parameters class's fields, named after them, in declaration order."""
+    return tuple(replace(f.metadata["knob"], name=f.name) for f in fields(params_class))
+
+
+KNOBS: tuple[Knob, ...] = knobs_of(SamplingParams)
+KNOB = {spec.name: spec for spec in KNOBS}
+LOCAL_LEAP_DEFAULTS = {spec.name: spec.when_on for spec in KNOBS if spec.requires == "use_local_leap"}

@@ -7,20 +7,16 @@ what happens to each OpenAI field is the table in schemas/fields.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, StringConstraints, field_validator, model_serializer
+from pydantic import BaseModel, Field, StringConstraints, create_model, field_validator, model_serializer
 from pydantic_core import PydanticCustomError
 
+from engine.params import SamplingParams
+from engine.prompt import Prompt
 from schemas.fields import openai_field
-from schemas.sampling import (  # noqa: F401 (the constants are part of this module's interface)
-    DEFAULT_GEN_LENGTH,
-    DEFAULT_STEPS,
-    MAX_LOCAL_LEAP_RADIUS,
-    MAX_STEPS,
-    MAX_STOP_STRINGS,
-    SEED_MAX,
-    SEED_MIN,
+from schemas.knobs import resolved_fields
+from schemas.sampling import (
     STRICT,
     GenerationRequest,
     StreamOptions,
@@ -29,9 +25,6 @@ from schemas.sampling import (  # noqa: F401 (the constants are part of this mod
     parse_request,
     refuse_unless,
 )
-
-if TYPE_CHECKING:  # for type checkers only: importing the engine would load torch
-    from engine.params import SamplingParams
 
 # --- messages ---------------------------------------------------------------------------------------
 
@@ -189,6 +182,9 @@ class ChatCompletionRequest(GenerationRequest):
     def engine_messages(self) -> list[dict[str, str]]:
         return [{"role": m.engine_role(), "content": m.text()} for m in self.messages]
 
+    def engine_prompt(self) -> Prompt:
+        return Prompt.chat(self.engine_messages())
+
     def logged_fields(self) -> dict[str, Any]:
         logged = {"user": self.user, "safety_identifier": self.safety_identifier}
         logged |= {"prompt_cache_key": self.prompt_cache_key, "metadata": self.metadata}
@@ -212,33 +208,22 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class ResolvedDiffusion(BaseModel):
-    """The parameters a request actually ran with (defaults resolved) and what it cost."""
-
-    gen_length: int = Field(description="Canvas size in tokens.")
-    block_length: int
-    num_blocks: int
-    num_denoising_steps: int | None = Field(description="null with `confidence_threshold` (no step count).")
-    block_schedule: str
-    confidence_metric: str
-    temperature: float
-    seed: int = Field(description="The seed used: send it back to reproduce the output at temperature > 0.")
-    attention_backend: str = "sdpa"
-    force_single_batch: bool
-    use_local_leap: bool
-    local_leap_anchor_threshold: float | None
-    local_leap_neighbor_threshold: float | None
-    local_leap_radius: int | None
-    kv_cache: str
-    confidence_threshold: float | None
-    stop: list[str]
-    num_forward_passes: int = Field(description="Model forward passes spent (early exit and LocalLeap lower it).")
-
+class _Resolved(BaseModel):
     @classmethod
     def of(cls, params: SamplingParams, num_forward_passes: int) -> ResolvedDiffusion:
         """From the engine's resolved `SamplingParams`."""
         fields = {name: getattr(params, name) for name in cls.model_fields if hasattr(params, name) and name != "stop"}
         return cls(**fields, stop=list(params.stop), num_forward_passes=num_forward_passes)
+
+
+# One field per sampler knob (engine.params), as the request ran with it: defaults resolved.
+ResolvedDiffusion = create_model(
+    "ResolvedDiffusion",
+    __base__=_Resolved,
+    __doc__="The parameters a request actually ran with (defaults resolved) and what it cost.",
+    **resolved_fields(),
+    num_forward_passes=(int, Field(description="Model forward passes spent (early exit and LocalLeap lower it).")),
+)
 
 
 class AssistantMessage(BaseModel):

@@ -14,6 +14,7 @@ from annotated_types import Len
 from pydantic import BaseModel, Field, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError
 
+from engine.prompt import Prompt
 from schemas.chat import ResolvedDiffusion, StepDiffusion, Usage
 from schemas.fields import openai_field
 from schemas.sampling import GenerationRequest, StreamOptions, classified, field_names, parse_request, refuse_unless
@@ -60,15 +61,15 @@ class CompletionRequest(GenerationRequest):
             )
         return value
 
-    def prompt_input(self) -> dict[str, Any]:
-        """The engine's keyword for this prompt: `prompt` (text) or `prompt_token_ids`."""
+    def engine_prompt(self) -> Prompt:
+        """Raw text or token ids, as the engine takes them."""
         prompt = self.prompt
         if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):  # a list of one prompt
             prompt = prompt[0]
-        return {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+        return Prompt.text(prompt) if isinstance(prompt, str) else Prompt.token_ids(prompt)
 
     def http_param(self, engine_field: str) -> str:
-        if engine_field in ("prompt", "prompt_token_ids", "messages"):
+        if engine_field in ("prompt", "prompt_token_ids", "messages"):  # the engine's names of a prompt
             return "prompt"
         return super().http_param(engine_field)
 

@@ -13,8 +13,9 @@ Statuses:
   any other value is a 400 `unsupported_parameter` that names the field and says why.
 - rejected: any value but null is a 400 `unsupported_parameter` that names the field and says why.
 - deprecated alias: OpenAI's older name of another field; treated as that field is.
-- extension: a diffusion setting OpenAI does not have (ADR 005, "Added").
-Only a field that is in no row is `unknown_parameter`.
+- extension: a diffusion setting OpenAI does not have (ADR 005, "Added"). Those have no row here: they are
+  the sampler knobs, derived from their definitions in engine.params (schemas/knobs.py).
+Only a field that is in no row, and no extension field, is `unknown_parameter`.
 
 Neutral values are compared as JSON values of the same type: `n: 1.0` or `n: true` is not the neutral
 `n: 1`. `ANY` marks a field whose every valid value is a no-op (caching hints for a server that keeps no
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.params import DEFAULT_GEN_LENGTH, MAX_STOP_STRINGS
 from schemas.errors import ADR_CITATION
 
 Endpoint = Literal["chat", "completions"]
@@ -118,7 +120,7 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         "stop",
         BOTH,
         "kept",
-        'up to 4 strings; text cut before the first, `finish_reason: "stop"`, the request ends early',
+        f'up to {MAX_STOP_STRINGS} strings; text cut before the first, `finish_reason: "stop"`, the request ends early',
     ),
     OpenAIField(
         "stream",
@@ -140,7 +142,8 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         "max_completion_tokens",
         CHAT,
         "deviates",
-        "the canvas size `gen_length` (default 128), not a stopping threshold: a shorter answer ends with EOS padding "
+        f"the canvas size `gen_length` (default {DEFAULT_GEN_LENGTH}), not a stopping threshold: a shorter answer "
+        "ends with EOS padding "
         '(cut off), a longer one is truncated (`finish_reason: "length"`); a large value costs compute',
     ),
     OpenAIField(
@@ -347,23 +350,6 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         neutral=(ANY,),
         reason=_NO_CACHE,
     ),
-)
-
-# The diffusion settings ADR 005 adds: every field of both request models that is not an OpenAI field.
-EXTENSION_FIELDS: tuple[str, ...] = (
-    "num_denoising_steps",
-    "block_length",
-    "block_schedule",
-    "confidence_metric",
-    "target_length",
-    "attention_backend",
-    "force_single_batch",
-    "use_local_leap",
-    "local_leap_anchor_threshold",
-    "local_leap_neighbor_threshold",
-    "local_leap_radius",
-    "kv_cache",
-    "confidence_threshold",
 )
 
 _BY_KEY = {(endpoint, f.name): f for f in OPENAI_FIELDS for endpoint in f.endpoints}

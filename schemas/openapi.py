@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.params import DEFAULT_GEN_LENGTH
 from schemas.chat import ChatCompletionChunk, ChatCompletionRequest
 from schemas.completions import CompletionRequest, TextCompletion
-from schemas.fields import EXTENSION_FIELDS, OPENAI_FIELDS, Status
+from schemas.fields import OPENAI_FIELDS, Status
+from schemas.knobs import EXTENSION_FIELDS
 
 CHAT_REQUEST_REF = "#/components/schemas/ChatCompletionRequest"
 CHAT_CHUNK_REF = "#/components/schemas/ChatCompletionChunk"
@@ -39,7 +41,7 @@ added and refused, and why). Every OpenAI field is classified (full table in the
 | | |
 |---|---|
 | kept | {_names("kept")} |
-| deviates | {_names("deviates")}: `max_tokens` / `max_completion_tokens` are the **canvas size** (default 128), not a stopping threshold; `temperature` omitted → **0**; `stream` sends **one chunk per denoising step** with the text that became final in it, plus a `diffusion` object |
+| deviates | {_names("deviates")}: `max_tokens` / `max_completion_tokens` are the **canvas size** (default {DEFAULT_GEN_LENGTH}), not a stopping threshold; `temperature` omitted → **0**; `stream` sends **one chunk per denoising step** with the text that became final in it, plus a `diffusion` object |
 | neutral values only (400 `unsupported_parameter` otherwise) | {_names("neutral")} |
 | rejected (400 `unsupported_parameter`, citing ADR 005) | {_names("rejected")} |
 | deprecated aliases (treated as their replacement) | {_names("deprecated alias")} |

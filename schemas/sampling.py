@@ -5,30 +5,25 @@
 Every OpenAI field's status comes from the table in schemas/fields.py; ADR 005
 (docs/adr/005-openai-compatible-api.md) is the decision behind it.
 
-The models are the whole input spec: strict JSON types, unknown fields forbidden, refused values of
-OpenAI fields reported with a reason, and the cross-field rules of the extension fields. Rules that
-depend on the loaded model (the sequence length) or on the sampler's arithmetic (steps per block) are
-the engine's (`engine.SamplingParams`), so the offline API and HTTP reject the same things.
+The models type the JSON (strict types, unknown fields forbidden) and refuse the values of OpenAI fields
+this server does not honour, with a reason; the sampler knobs' fields are derived from their one definition
+(`engine.params`, through schemas/knobs.py). The knobs' ranges and the rules between them are checked once,
+by `engine.SamplingParams` (`sampling_params`), so the offline API and HTTP reject the same things with the
+same words; what depends on the loaded model (the sequence length) is checked by the engine.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError, from_json
 
+from engine.params import DEFAULT_GEN_LENGTH, KNOB, SamplingParams
+from engine.prompt import Prompt
 from schemas.errors import ADR_CITATION, APIError, error_from_validation
 from schemas.fields import ANY, Endpoint, openai_field, top_level_names
-
-# Mirrors of engine.params (schemas never imports the engine: it would pull in torch), for /docs and the
-# schema's range checks; tests keep them equal. Omitted fields always take the engine's own defaults.
-DEFAULT_GEN_LENGTH = 128
-DEFAULT_STEPS = 128
-MAX_STEPS = 512
-MAX_STOP_STRINGS = 4
-MAX_LOCAL_LEAP_RADIUS = 16
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+from schemas.knobs import REQUEST_KNOBS, range_schema, request_fields, request_only
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -65,31 +60,21 @@ class StreamOptions(BaseModel):
         return value
 
 
-class GenerationRequest(BaseModel):
-    """The fields both endpoints share. Subclasses set `ENDPOINT` (their rows in schemas/fields.py) and
-    `CANVAS_FIELDS` (the fields that set the canvas size, in the order they win)."""
+def canvas_field(description: str) -> Any:
+    """A field that sets the canvas size (gen_length): its range is that knob's, checked by `SamplingParams`."""
+    return Field(None, description=description, json_schema_extra=range_schema(KNOB["gen_length"]))
+
+
+class _GenerationFields(BaseModel):
+    """The fields both endpoints share, but for the sampler knobs (added by `GenerationRequest`)."""
 
     model_config = STRICT
     ENDPOINT: ClassVar[Endpoint]
     CANVAS_FIELDS: ClassVar[tuple[str, ...]] = ("target_length", "max_tokens")
 
-    # OpenAI fields kept (or changed: ADR 005).
+    # OpenAI fields kept (or changed: ADR 005). temperature, seed and stop are sampler knobs.
     model: str | None = Field(
         None, description="Accepted and ignored: one server serves one model (see `GET /v1/models`)."
-    )
-    temperature: float | None = Field(
-        None,
-        ge=0,
-        le=2,
-        description="0–2. **Omitted → 0** (deterministic argmax, the reference path; OpenAI's default is 1). "
-        "Above 0, each position's token is drawn by Gumbel-max sampling from softmax(logits / temperature).",
-    )
-    seed: int | None = Field(
-        None,
-        ge=SEED_MIN,
-        le=SEED_MAX,
-        description="Seeds the request's own random generator (used when temperature > 0): the same seed and "
-        "parameters give the same output. Omitted → a random seed, reported in the response's `diffusion.seed`.",
     )
     stream: bool | None = Field(
         False,
@@ -97,17 +82,9 @@ class GenerationRequest(BaseModel):
         "became final in that step (whole words or blocks, not one token per chunk), plus a `diffusion` object.",
     )
     stream_options: StreamOptions | None = Field(None, description="Only with `stream: true`.")
-    max_tokens: int | None = Field(
-        None,
-        ge=1,
-        description=f"**Deviation:** the canvas size `gen_length` (default {DEFAULT_GEN_LENGTH}), not a stopping "
-        "threshold. Diffusion fills a fixed-length canvas; a shorter answer ends with EOS padding, which is cut.",
-    )
-    stop: str | list[str] | None = Field(
-        None,
-        description=f"Up to {MAX_STOP_STRINGS} non-empty strings. The text is cut before the occurrence that starts "
-        "first (whichever stop string it is, and in whatever order the tokens were committed), "
-        '`finish_reason` is "stop", and the request ends as soon as a stop string is final.',
+    max_tokens: int | None = canvas_field(
+        f"**Deviation:** the canvas size `gen_length` (default {DEFAULT_GEN_LENGTH}), not a stopping threshold. "
+        "Diffusion fills a fixed-length canvas; a shorter answer ends with EOS padding, which is cut."
     )
     user: str | None = Field(None, description="An end-user id; logged, not used otherwise.")
 
@@ -119,88 +96,12 @@ class GenerationRequest(BaseModel):
     n: Any = classified("chat", "n")
     logit_bias: Any = classified("chat", "logit_bias")
 
-    # Diffusion extension fields (ADR 005): top-level, not extra_body.
-    num_denoising_steps: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_STEPS,
-        description=f"Forward passes over the canvas, 1–{MAX_STEPS}. Omitted → min({DEFAULT_STEPS}, gen_length). "
-        "Must be a multiple of the number of blocks (gen_length / block_length) and give at most block_length "
-        "steps per block. Fewer steps commit more tokens per step: faster, usually less accurate. "
-        "Not allowed with `confidence_threshold` (the threshold decides the number of forward passes).",
-    )
-    block_length: int | None = Field(
-        None,
-        ge=1,
-        description="Tokens per block, 1–gen_length; gen_length must be a multiple of it. Omitted → gen_length "
-        "(one fully bidirectional block). Blocks are denoised left to right (semi-autoregressive).",
-    )
-    block_schedule: Literal["uniform", "front_loaded", "cosine", "dream"] | None = Field(
-        None,
-        description='How many tokens each step of a block commits. "uniform" (LLaDA\'s reference), '
-        '"front_loaded" (more early, linearly fewer later), "cosine" (few early, more later), "dream" (Dream\'s '
-        "linear-timestep schedule: a share of the tokens still masked, none at first, most at the end). "
-        'Omitted → the model\'s own: "uniform" for LLaDA, "dream" for Dream / DiffuCoder.',
-    )
-    confidence_metric: Literal["top1_prob", "entropy_inverse", "margin"] | None = Field(
-        None,
-        description='Which masked positions are committed first. "top1_prob": the highest probability of the '
-        'predicted token. "entropy_inverse": exp(−entropy) of the position\'s distribution. "margin": the top '
-        "token's probability minus the runner-up's. Omitted → the model's own: \"top1_prob\" for LLaDA, "
-        '"entropy_inverse" for Dream / DiffuCoder.',
-    )
-    target_length: int | None = Field(
-        None,
-        ge=1,
-        description="Sets the canvas size (gen_length) directly, ≥ 1; the prompt plus the canvas must fit the "
-        f"model's maximum sequence length. Omitted → `max_tokens` (default {DEFAULT_GEN_LENGTH}). If `max_tokens` "
-        "is also given, the two must agree.",
-    )
+    # The extension fields (ADR 005) that are not sampler knobs: top-level, not extra_body.
+    target_length: int | None = canvas_field(request_only("target_length").description())
     attention_backend: Literal["sdpa", "fa2"] | None = Field(
         None,
-        description='"sdpa" (default and only choice: the reference, deterministic path). "fa2" is deferred '
-        "until a FlashAttention-2 build for SM 12.0 is in CI, and is rejected.",
+        description=request_only("attention_backend").description(),
         json_schema_extra=lambda schema: schema.update(anyOf=[{"const": "sdpa"}, {"type": "null"}]),  # accepted
-    )
-    force_single_batch: bool | None = Field(
-        None,
-        description="true → the request runs alone, never batched with others (for reproducible output). "
-        "Default false.",
-    )
-    use_local_leap: bool | None = Field(
-        None,
-        description="LocalLeap (arXiv:2510.07081), training-free: besides each step's quota, also commit every "
-        "position whose confidence ≥ the anchor threshold and its neighbours (within the radius) whose "
-        "confidence ≥ the neighbour threshold. Fewer forward passes. Default false.",
-    )
-    local_leap_anchor_threshold: float | None = Field(
-        None, ge=0, le=1, description="κ, 0–1, default 0.9. Only with `use_local_leap: true`."
-    )
-    local_leap_neighbor_threshold: float | None = Field(
-        None, ge=0, le=1, description="τ, 0–1, default 0.75. Only with `use_local_leap: true`."
-    )
-    local_leap_radius: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_LOCAL_LEAP_RADIUS,
-        description=f"W, 1–{MAX_LOCAL_LEAP_RADIUS} positions, default 4. Only with `use_local_leap: true`.",
-    )
-    kv_cache: Literal["none", "prefix", "dual"] | None = Field(
-        None,
-        description='Approximate KV cache (Fast-dLLM, arXiv:2505.22618). "none" (default): every step runs the '
-        'whole canvas, the exact reference path. "prefix": after a block\'s first step, the prompt and earlier '
-        'blocks are not recomputed (their keys and values from that step are reused). "dual": the block alone is '
-        "recomputed; everything else comes from the cache. Faster on long canvases with several blocks "
-        '(`block_length` < gen_length); an approximation: output can differ from "none".',
-    )
-    confidence_threshold: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="Threshold decoding (Fast-dLLM): each step commits every masked position of the block whose "
-        "confidence ≥ this value, plus always the most confident one, instead of a fixed number per step; a block "
-        "takes as many forward passes as it needs. In (0, 1]; omitted → off. 0.9 is Fast-dLLM's setting. Not "
-        "with `num_denoising_steps`, `block_schedule` or `use_local_leap`; works with every `kv_cache`.",
     )
 
     @model_validator(mode="before")
@@ -214,23 +115,8 @@ class GenerationRequest(BaseModel):
                     refuse_unless(row.accepts(data[name]), row.rejection_message(), param=name)
         return data
 
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_strings(cls, value: Any) -> Any:
-        strings = [value] if isinstance(value, str) else value
-        if value is None or (
-            isinstance(strings, list)
-            and len(strings) <= MAX_STOP_STRINGS  # [] means no stop strings, as in the engine
-            and all(isinstance(s, str) and s for s in strings)
-        ):
-            return value
-        raise PydanticCustomError(
-            "invalid_value",
-            f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings.",
-        )
-
     @model_validator(mode="after")
-    def _consistent(self) -> GenerationRequest:
+    def _consistent(self) -> _GenerationFields:
         def invalid(param: str, message: str) -> PydanticCustomError:
             return PydanticCustomError("invalid_value", message, {"param": param})
 
@@ -252,10 +138,6 @@ class GenerationRequest(BaseModel):
                 f'attention_backend "fa2" is deferred ({ADR_CITATION}) until a FlashAttention-2 build for SM 12.0 '
                 'is in CI; use "sdpa" (the default).',
             )
-        if not self.use_local_leap:
-            for name in ("local_leap_anchor_threshold", "local_leap_neighbor_threshold", "local_leap_radius"):
-                if getattr(self, name) is not None:
-                    raise invalid(name, f"{name} is only allowed together with use_local_leap: true.")
         if self.stream_options is not None and not self.stream:
             raise invalid("stream_options", "stream_options is only allowed with stream: true.")
         return self
@@ -275,31 +157,35 @@ class GenerationRequest(BaseModel):
         """The end-user ids and tags a client attached: logged with the request line, otherwise unused."""
         return {"user": self.user} if self.user else {}
 
+    def engine_prompt(self) -> Prompt:
+        """The prompt as the engine takes it (each endpoint says how its body gives one)."""
+        raise NotImplementedError
+
     def sampling_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `engine.SamplingParams`; omitted fields keep the engine's defaults."""
-        kwargs = {
-            "gen_length": getattr(self, self.canvas_field),
-            "block_length": self.block_length,
-            "num_denoising_steps": self.num_denoising_steps,
-            "block_schedule": self.block_schedule,
-            "confidence_metric": self.confidence_metric,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "use_local_leap": self.use_local_leap,
-            "local_leap_anchor_threshold": self.local_leap_anchor_threshold,
-            "local_leap_neighbor_threshold": self.local_leap_neighbor_threshold,
-            "local_leap_radius": self.local_leap_radius,
-            "force_single_batch": self.force_single_batch,
-            "kv_cache": self.kv_cache,
-            "confidence_threshold": self.confidence_threshold,
-            "stop": (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
-        }
+        kwargs = {spec.name: getattr(self, spec.name) for spec in REQUEST_KNOBS}
+        kwargs["gen_length"] = getattr(self, self.canvas_field)
         # None means "the engine's default" (engine.SamplingParams resolves it and reports it back).
         return {k: v for k, v in kwargs.items() if v is not None}
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine's parameters for this request: where every knob's range and rule is checked (once). Raises
+        `engine.InvalidParameter` naming the engine's field (`http_param` gives the request's)."""
+        return SamplingParams(**self.sampling_kwargs())
 
     def http_param(self, engine_field: str) -> str:
         """The request field behind an engine parameter, for `error.param`."""
         return self.canvas_field if engine_field == "gen_length" else engine_field
+
+
+GenerationRequest = create_model(
+    "GenerationRequest",
+    __base__=_GenerationFields,
+    __doc__="""The fields both endpoints share, the sampler knobs included (from engine.params). Subclasses set
+    `ENDPOINT` (their rows in schemas/fields.py) and `CANVAS_FIELDS` (the fields that set the canvas size, in
+    the order they win).""",
+    **request_fields(),
+)
 
 
 def field_names(*models: type[BaseModel]) -> frozenset[str]:

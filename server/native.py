@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from api.errors import engine_error, sampling_params
 from schemas.chat import ChatCompletionRequest, parse_chat_request
 from schemas.errors import APIError
+from schemas.knobs import native_argument
 
 if TYPE_CHECKING:
     from engine import DiffusionEngine
@@ -28,14 +29,15 @@ if TYPE_CHECKING:
 # BentoML's API takes the diffusion settings as plain arguments; None means "the default", as in the HTTP API.
 Prompt = Annotated[str, Field(description="The user's message (the model's chat template is applied).")]
 SystemPrompt = Annotated[str | None, Field(description="An optional system message.")]
-MaxTokens = Annotated[int | None, Field(description="The canvas size in tokens (default 128).")]
-Steps = Annotated[int | None, Field(description="Denoising steps, 1–512 (default min(128, max_tokens)).")]
-BlockLength = Annotated[int | None, Field(description="Tokens per block (default max_tokens: one block).")]
-Temperature = Annotated[float | None, Field(description="0–2 (default 0: deterministic).")]
-Seed = Annotated[int | None, Field(description="The random seed (used above temperature 0).")]
-LocalLeap = Annotated[bool | None, Field(description="LocalLeap acceleration (default false).")]
-KVCache = Annotated[Literal["none", "prefix", "dual"] | None, Field(description="Approximate KV cache.")]
-Threshold = Annotated[float | None, Field(description="Threshold decoding: τ in (0, 1] (default off).")]
+# The knobs' annotations come from their definitions (engine.params, through schemas/knobs.py).
+MaxTokens = native_argument("gen_length")
+Steps = native_argument("num_denoising_steps")
+BlockLength = native_argument("block_length")
+Temperature = native_argument("temperature")
+Seed = native_argument("seed")
+LocalLeap = native_argument("use_local_leap")
+KVCache = native_argument("kv_cache")
+Threshold = native_argument("confidence_threshold")
 
 
 def chat_request(prompt: str, system_prompt: str | None, settings: dict[str, Any]) -> ChatCompletionRequest:
@@ -56,7 +58,7 @@ async def text_events(
     if engine is None:
         raise APIError.not_ready()
     chat = chat_request(prompt, system_prompt, settings)
-    events = engine.astream(messages=chat.engine_messages(), params=sampling_params(chat))
+    events = engine.astream(chat.engine_prompt(), sampling_params(chat))
     try:
         first = await anext(events)
     except Exception as error:

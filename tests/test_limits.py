@@ -1,9 +1,8 @@
 """The HTTP schema and the engine agree on every limit: a value at each bound is accepted by both or
 refused by both.
 
-The schema cannot import the engine's constants (the engine loads torch), so it mirrors them;
-tests/test_service_layout.py compares the constants, and this file compares behaviour, bound by bound.
-The HTTP side is the whole path a body takes: schema validation, then `SamplingParams` built from it.
+Both take the limits from the knobs' one definition (engine.params); this file checks the behaviour, bound by
+bound. The HTTP side is the whole path a body takes: schema validation, then `SamplingParams` built from it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import pytest
 
 from schemas.chat import ChatCompletionRequest, ChatMessage, StreamOptions, TextContentPart, parse_chat_request
 from schemas.completions import CompletionRequest
-from schemas.fields import ANY, EXTENSION_FIELDS, OPENAI_FIELDS, markdown_table, openai_field, top_level_names
+from schemas.fields import ANY, OPENAI_FIELDS, markdown_table, openai_field, top_level_names
+from schemas.knobs import EXTENSION_FIELDS
 from tests.fixture_paths import REPO_ROOT
 
 CHAT_URL, COMPLETIONS_URL = "/v1/chat/completions", "/v1/completions"

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 import engine.preparation as preparation
-from engine import DiffusionEngine, EngineOverloaded, InvalidParameter, SamplingParams, SchedulerConfig
+from engine import DiffusionEngine, EngineOverloaded, InvalidParameter, Prompt, SamplingParams, SchedulerConfig
 from engine.tokenizer import _normalizer_shrink
 
 HANG_GUARD_S = 60
@@ -81,9 +81,10 @@ def test_a_prompt_too_long_to_fit_is_refused_without_tokenizing(any_engine, monk
 
     monkeypatch.setattr(engine.tokenizer, "encode_chat", must_not_tokenize)
     with pytest.raises(InvalidParameter) as refused:
-        engine.check_prompt_size(user("x" * (limit + 1)), params=PARAMS)
+        engine.check_prompt_size(Prompt.chat(user("x" * (limit + 1))), PARAMS)
     assert refused.value.field == "messages" and str(limit) in refused.value.rule
-    assert engine.check_prompt_size(user("x" * limit), params=PARAMS) == limit  # at the bound: left to the tokenizer
+    at_the_bound = Prompt.chat(user("x" * limit))
+    assert engine.check_prompt_size(at_the_bound, PARAMS) == limit  # left to the tokenizer
 
     async def through_astream():
         with pytest.raises(InvalidParameter):
@@ -97,7 +98,7 @@ def test_a_trimming_template_counts_only_what_it_keeps(fixture_engine):
     """LLaDA's template strips the content: a megabyte of spaces around a word is a short prompt."""
     engine = fresh(fixture_engine)
     padded = " " * 1_000_000 + "hi" + "\n" * 1_000_000
-    assert engine.check_prompt_size(user(padded), params=PARAMS) == 2
+    assert engine.check_prompt_size(Prompt.chat(user(padded)), PARAMS) == 2
     assert (
         engine.generate(messages=user(padded), params=PARAMS).text
         == engine.generate(messages=user("hi"), params=PARAMS).text
@@ -108,9 +109,9 @@ def test_token_ids_are_bounded_by_their_count(fixture_engine):
     engine = fresh(fixture_engine)
     room = engine.max_sequence_length - PARAMS.gen_length
     with pytest.raises(InvalidParameter) as refused:
-        engine.check_prompt_size(prompt_token_ids=[5] * (room + 1), params=PARAMS)
+        engine.check_prompt_size(Prompt.token_ids([5] * (room + 1)), PARAMS)
     assert refused.value.field == "gen_length"
-    assert engine.check_prompt_size(prompt_token_ids=[5] * room, params=PARAMS) == room
+    assert engine.check_prompt_size(Prompt.token_ids([5] * room), PARAMS) == room
 
 
 # --- the preparation stage ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from engine import (
     EngineShutdown,
     GenerationResult,
     InvalidParameter,
+    Prompt,
     SamplingParams,
     SchedulerConfig,
 )
@@ -531,7 +532,7 @@ def test_requests_wait_for_kv_cache_memory_and_uncached_ones_do_not(fixture_engi
     cached = SamplingParams(gen_length=32, block_length=8, num_denoising_steps=16, kv_cache="dual")
     plain = SamplingParams(gen_length=32, num_denoising_steps=16)
     one_cache = cache_bytes(fixture_engine, SHORT, cached)
-    assert one_cache == fixture_engine.model.kv_bytes(len(fixture_engine.prompt_ids(SHORT)) + 32)
+    assert one_cache == fixture_engine.model.kv_bytes(len(fixture_engine.prompt_ids(Prompt.chat(SHORT))) + 32)
     engine = fresh(fixture_engine, max_batch_size=8, max_wait_ms=200, kv_cache_budget_bytes=one_cache * 3 // 2)
     recorder = StepRecorder(engine)
     reserved_during_steps: list[int] = []

@@ -1,5 +1,6 @@
 """Import boundaries (docs/design.md, "Layout"): `engine` never imports the HTTP side; `schemas` never
-imports torch, the engine or a web framework; the app (`api`) is portable ASGI: it knows neither BentoML nor
+imports torch, a web framework or more of the engine than its torch-free definitions (the sampler knobs,
+the prompt, the errors); the app (`api`) is portable ASGI: it knows neither BentoML nor
 uvicorn nor the host adapter (`server`), at module level or inside a function; importing `service.py` or
 `server` (what `bentoml build` does) loads no torch, and service.py stays thin."""
 
@@ -18,40 +19,69 @@ API_MODULES = [p.stem for p in sorted((REPO_ROOT / "api").glob("*.py")) if p.ste
 SERVER_MODULES = [p.stem for p in sorted((REPO_ROOT / "server").glob("*.py")) if p.stem != "__init__"]
 # What adapts to the host: only service.py and server/ may import these.
 HOST_MODULES = {"bentoml", "_bentoml_sdk", "_bentoml_impl", "uvicorn", "server", "service"}
+# The engine modules that load no torch: what the HTTP side may import.
+TORCH_FREE_ENGINE = {"engine", "engine.errors", "engine.params", "engine.prompt"}
+SCHEMAS = (
+    "import schemas.chat, schemas.completions, schemas.errors, schemas.fields, schemas.knobs, schemas.openapi, "
+    "schemas.request_id, schemas.responses, schemas.sampling"
+)
+API = "import " + ", ".join(f"api.{name}" for name in API_MODULES)
+SERVER = "import " + ", ".join(f"server.{name}" for name in SERVER_MODULES)
+
+
+def full_modules_after(statement: str) -> set[str]:
+    probe = f"import sys; {statement}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
 
 
 def modules_after(statement: str) -> set[str]:
-    probe = f"import sys; {statement}; print('\\n'.join(sys.modules))"
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-    return {name.split(".")[0] for name in out.stdout.split()}
+    return {name.split(".")[0] for name in full_modules_after(statement)}
+
+
+def engine_modules_after(statement: str) -> set[str]:
+    return {name for name in full_modules_after(statement) if name.split(".")[0] == "engine"}
 
 
 def test_schemas_import_no_torch_engine_or_framework():
-    loaded = modules_after(
-        "import schemas.chat, schemas.completions, schemas.errors, schemas.fields, schemas.openapi, "
-        "schemas.request_id, schemas.responses, schemas.sampling"
+    loaded = modules_after(SCHEMAS)
+    assert not loaded & {"torch", "fastapi", "starlette", "bentoml", "transformers"}
+    assert engine_modules_after(SCHEMAS) <= TORCH_FREE_ENGINE
+
+
+def test_importing_schemas_loads_no_torch():
+    # The check of issue 24, as written there.
+    subprocess.run(
+        [sys.executable, "-c", "import schemas, sys; assert 'torch' not in sys.modules"], cwd=REPO_ROOT, check=True
     )
-    assert not loaded & {"torch", "engine", "fastapi", "starlette", "bentoml", "transformers"}
+
+
+def test_the_knobs_and_the_prompt_load_no_torch():
+    loaded = full_modules_after("import engine.params, engine.prompt; from engine import SamplingParams, Prompt")
+    assert "torch" not in {name.split(".")[0] for name in loaded}
+    assert {name for name in loaded if name.split(".")[0] == "engine"} == TORCH_FREE_ENGINE
 
 
 def test_engine_imports_nothing_of_the_http_side():
-    loaded = modules_after("import engine")
+    loaded = modules_after("from engine import DiffusionEngine")
     assert "torch" in loaded
     assert not loaded & {"schemas", "api", "service", "fastapi", "bentoml"}
 
 
 def test_http_layer_imports_no_torch_engine_or_host():
     assert {"app", "errors", "middleware", "settings", "streaming"} <= set(API_MODULES)
-    loaded = modules_after("import " + ", ".join(f"api.{name}" for name in API_MODULES))
+    loaded = modules_after(API)
     assert "fastapi" in loaded
-    assert not loaded & {"torch", "engine", "transformers", *HOST_MODULES}
+    assert not loaded & {"torch", "transformers", *HOST_MODULES}
+    assert engine_modules_after(API) <= TORCH_FREE_ENGINE
 
 
 def test_host_adapter_imports_no_torch():
     assert {"connections", "drain", "engine_setup", "logs", "middleware", "native", "settings"} <= set(SERVER_MODULES)
-    loaded = modules_after("import " + ", ".join(f"server.{name}" for name in SERVER_MODULES))
+    loaded = modules_after(SERVER)
     assert {"bentoml", "api"} <= loaded
-    assert not loaded & {"torch", "engine", "transformers"}
+    assert not loaded & {"torch", "transformers"}
+    assert engine_modules_after(SERVER) <= TORCH_FREE_ENGINE
 
 
 def imported_modules(path) -> set[str]:
@@ -103,7 +133,8 @@ def test_every_package_is_installed_and_packed_into_the_bento():
 def test_importing_the_service_loads_no_torch():
     loaded = modules_after("import service")
     assert "bentoml" in loaded and "fastapi" in loaded
-    assert not loaded & {"torch", "engine", "transformers"}
+    assert not loaded & {"torch", "transformers"}
+    assert engine_modules_after("import service") <= TORCH_FREE_ENGINE
 
 
 def test_the_service_module_stays_thin():
@@ -111,22 +142,24 @@ def test_the_service_module_stays_thin():
     assert len((REPO_ROOT / "service.py").read_text().splitlines()) <= 150
 
 
-def test_schema_constants_mirror_the_engine():
+def test_the_schema_takes_its_bounds_from_the_engine():
+    # The constants are defined once, in engine.params; the schema (and so /docs) shows them.
     import engine.params as engine_params
     import schemas.chat as chat
 
-    for name in (
-        "DEFAULT_GEN_LENGTH",
-        "DEFAULT_STEPS",
-        "MAX_STEPS",
-        "MAX_STOP_STRINGS",
-        "MAX_LOCAL_LEAP_RADIUS",
-        "SEED_MIN",
-        "SEED_MAX",
-    ):
-        assert getattr(chat, name) == getattr(engine_params, name), name
+    properties = chat.ChatCompletionRequest.model_json_schema()["properties"]
+
+    def bound(name: str, key: str):
+        return next(member[key] for member in properties[name]["anyOf"] if key in member)
+
+    assert bound("num_denoising_steps", "maximum") == engine_params.MAX_STEPS
+    assert bound("local_leap_radius", "maximum") == engine_params.MAX_LOCAL_LEAP_RADIUS
+    assert bound("temperature", "maximum") == engine_params.MAX_TEMPERATURE
+    assert (bound("seed", "minimum"), bound("seed", "maximum")) == (engine_params.SEED_MIN, engine_params.SEED_MAX)
+    assert f"up to {engine_params.MAX_STOP_STRINGS} strings" in properties["stop"]["description"]
+    assert f"min({engine_params.DEFAULT_STEPS}, gen_length)" in properties["num_denoising_steps"]["description"]
+    assert f"default {engine_params.DEFAULT_GEN_LENGTH}" in properties["max_tokens"]["description"]
     fields = chat.ChatCompletionRequest.model_fields
-    assert next(m.le for m in fields["temperature"].metadata if hasattr(m, "le")) == engine_params.MAX_TEMPERATURE
     for name, default in engine_params.LOCAL_LEAP_DEFAULTS.items():
         assert f"default {default}" in fields[name].description, name
 
