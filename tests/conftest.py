@@ -238,15 +238,18 @@ def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 class EarlyServers:
     """`bentoml serve` processes booted in the background before the tests that use them, one at a time (a
-    boot is mostly imports: one spare core is all it can use), in the order the tests will ask for them.
+    boot is mostly imports: one spare core is all it can use), in the order the tests will ask for them, and
+    at most `AHEAD` not yet taken (an idle server holds about 0.5 GB).
 
     `take(env)` hands out a started one (booting or ready; `running_server` still waits for /readyz), or None:
     then the caller starts its own, and the one still queued for it is dropped. Whatever nobody took is
     stopped at the end of the session and named in its summary.
     """
 
+    AHEAD = 2
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._queue: list[dict[str, str]] = []
         self._started: list[tuple[dict[str, str], tuple]] = []
         self._stop = threading.Event()
@@ -268,6 +271,7 @@ class EarlyServers:
     def _boot_all(self) -> None:
         for index in itertools.count():
             with self._lock:
+                self._lock.wait_for(lambda: len(self._started) < self.AHEAD or self._stop.is_set())
                 if self._stop.is_set() or not self._queue:
                     return
                 env = self._queue.pop(0)
@@ -284,6 +288,7 @@ class EarlyServers:
             for i, (started_env, started) in enumerate(self._started):
                 if _env_key(started_env) == key:
                     del self._started[i]
+                    self._lock.notify_all()
                     return started
             for i, queued in enumerate(self._queue):
                 if _env_key(queued) == key:
@@ -292,10 +297,11 @@ class EarlyServers:
         return None
 
     def stop_all(self) -> None:
-        self._stop.set()
         with self._lock:  # the boot thread starts nothing after this
+            self._stop.set()
             leftovers, self._started = self._started, []
             self._queue = []
+            self._lock.notify_all()
         for env, (process, _, _) in leftovers:
             _stop_process_group(process)
             self.unused.append(env)
@@ -310,7 +316,8 @@ early_servers = EarlyServers()
 
 def servers_to_boot(items) -> list[dict[str, str]]:
     """The environments of the servers `items` will start, in the order they first need them: each server
-    fixture once, and one per node (a module, a test) that carries a `server_env(env)` mark."""
+    fixture once, and one per node (a module, a test) that carries a `server_env(env)` mark; with
+    `fixture=name`, only if one of the node's tests asks for that fixture (the one that starts the server)."""
     envs, seen = [], set()
     for item in items:
         for name, env in SERVER_FIXTURES.items():
@@ -318,8 +325,10 @@ def servers_to_boot(items) -> list[dict[str, str]]:
                 seen.add(name)
                 envs.append(env)
         for node, mark in item.iter_markers_with_node("server_env"):
-            if (node.nodeid, _env_key(mark.args[0])) not in seen:
-                seen.add((node.nodeid, _env_key(mark.args[0])))
+            key = (node.nodeid, _env_key(mark.args[0]))
+            fixture = mark.kwargs.get("fixture")
+            if key not in seen and (fixture is None or fixture in item.fixturenames):
+                seen.add(key)
                 envs.append(dict(mark.args[0]))
     return envs
 

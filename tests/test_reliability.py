@@ -46,7 +46,7 @@ LIMITS = {
 }
 CAPACITY = 8
 PLAYGROUND = "http://playground.example"
-pytestmark = [pytest.mark.slow, pytest.mark.server_env(LIMITS)]  # the module's `server`, booted ahead
+pytestmark = [pytest.mark.slow, pytest.mark.server_env(LIMITS, fixture="server")]  # booted ahead (conftest)
 
 
 @pytest.fixture(scope="module")
