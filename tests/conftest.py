@@ -1,7 +1,7 @@
 """Shared fixtures. Nothing here loads a model unless a test asks for the fixture.
 
-`fixture_engine` and `dream_engine`: one engine on each fixture checkpoint (tests/fixtures/llada-tiny,
-tests/fixtures/dream-tiny) for the whole session.
+`fixture_engine`, `dream_engine` and `embedded_engine`: one engine on each checkpoint (tests/fixtures/llada-tiny,
+tests/fixtures/dream-tiny, models/tiny-llada-chat) for the whole session.
 Tests that change an engine's behaviour (its scheduler configuration, a wrapped `step`) build their own
 `DiffusionEngine` around its model and tokenizer instead of patching this one.
 
@@ -41,8 +41,8 @@ import pytest
 from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR, REPO_ROOT
 
 # Before anything imports torch (OpenMP reads these once), as api/engine_setup.py does for the server: the tiny
-# models run fastest on one thread, and OpenMP's spinning workers stall every torch call of this process while
-# the servers it starts (or other jobs) use the cores: the same tests took 3 to 5 times longer that way.
+# models gain little from a second thread, and OpenMP's spinning workers stall every torch call of this process
+# while the servers it starts (or other jobs) use the cores: the same tests took 3 to 5 times longer that way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -55,6 +55,7 @@ SERVER_FIXTURES: dict[str, dict[str, str]] = {
 SLOW_FIXTURES = {*SERVER_FIXTURES, "browser"}  # `browser`: tests/test_playground.py's Chromium
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if SLOW_FIXTURES & set(item.fixturenames):
