@@ -54,8 +54,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def engine() -> DiffusionEngine:
-    return DiffusionEngine.from_pretrained(device="cpu")  # no argument: the embedded model
+def engine(embedded_engine) -> DiffusionEngine:
+    return embedded_engine  # `from_pretrained` with no argument: the embedded model (tests/conftest.py)
 
 
 def test_embedded_model_is_small_and_in_llada_layout():
@@ -72,6 +72,7 @@ def test_embedded_model_answers_heldout_prompt(engine, example):
     assert res.finish_reason == "stop"
 
 
+@pytest.mark.slow  # 80 generations
 def test_embedded_model_accuracy_on_the_first_80_heldout_prompts(engine):
     """A broken checkpoint, tokenizer or sampler drops far below this (the card measures 99% on 400)."""
     examples = heldout_examples(80)

@@ -31,6 +31,7 @@ HANG_GUARD_S = 300  # turns a hang into a failure; the script takes seconds
 # --- benchmarks/gpu.py --tiny: the script that measures the GPU must not rot ----------------------------
 
 
+@pytest.mark.slow  # the script, in a subprocess
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
     out = tmp_path / "gpu.json"

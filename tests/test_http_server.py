@@ -14,6 +14,8 @@ import pytest
 
 from tests.sse import sse_events
 
+pytestmark = pytest.mark.slow
+
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
 METRIC_NAMES = [
     "dllm_requests_running",

@@ -40,6 +40,7 @@ def test_every_named_test_exists(test):
         assert f"def {name}(" in (REPO_ROOT / path).read_text(), test
 
 
+@pytest.mark.slow  # three pytest runs in a copy of the repository
 def test_a_run_kills_a_real_mutant_reports_a_survivor_and_leaves_the_tree_alone():
     real = next(m for m in MUTANTS if m.id == "text-stop-last-occurrence")
     harmless = Mutant(

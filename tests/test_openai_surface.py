@@ -167,6 +167,7 @@ def documented(check: str, status: int, body: dict | str) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_bounded_schemathesis_run_finds_only_documented_failures(bentoml_server, tmp_path):
     pytest.importorskip("schemathesis")
     command = [sys.executable, "-m", "schemathesis.cli", "run", f"{bentoml_server}/openapi.json"]

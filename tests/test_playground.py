@@ -21,7 +21,6 @@ from api.playground import ASSETS, CONTENT_SECURITY_POLICY, STATIC_DIR
 from api.playground_settings import CONTROL_GROUPS, resolved_defaults
 from schemas.chat import ChatCompletionRequest
 from scripts.playground_screenshot import find_chromium, launch_chromium
-from tests.fixture_paths import DREAM_FIXTURE_DIR
 
 FINISHED = "[data-testid=status][data-state=done], [data-testid=status][data-state=error]"
 PROMPT = "Count from 3 to 6."
@@ -92,11 +91,8 @@ def test_the_form_comes_from_the_request_schema_and_the_engine(service_client, s
         assert controls[name]["default"] is None and controls[name]["default_note"], name
 
 
-def test_the_defaults_follow_the_model_family():
-    from engine import DiffusionEngine
-
-    dream = DiffusionEngine.from_pretrained(DREAM_FIXTURE_DIR, device="cpu")
-    defaults = resolved_defaults(dream)
+def test_the_defaults_follow_the_model_family(dream_engine):
+    defaults = resolved_defaults(dream_engine)
     assert (defaults["block_schedule"], defaults["confidence_metric"]) == ("dream", "entropy_inverse")
     assert set(defaults) == {name for _, names in CONTROL_GROUPS for name in names}
 

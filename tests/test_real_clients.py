@@ -14,6 +14,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 QUESTION = "Spell cat."
 RAW_PROMPT = "Count from 3 to 6."  # the fixture model writes a full canvas of (meaningless) text for it
 

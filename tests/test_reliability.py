@@ -46,6 +46,7 @@ LIMITS = {
 }
 CAPACITY = 8
 PLAYGROUND = "http://playground.example"
+pytestmark = [pytest.mark.slow, pytest.mark.server_env(LIMITS, fixture="server")]  # booted ahead (conftest)
 
 
 @pytest.fixture(scope="module")
@@ -406,6 +407,7 @@ def wait_for_exit(process, timeout: float) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.server_env({"DLLM_SHUTDOWN_GRACE_S": "30"})
 def test_sigterm_drains_running_streams_refuses_new_work_and_exits(tmp_path):
     grace = 30
     with running_server(tmp_path, {"DLLM_SHUTDOWN_GRACE_S": str(grace)}) as server:
@@ -442,6 +444,7 @@ def test_sigterm_drains_running_streams_refuses_new_work_and_exits(tmp_path):
         assert "draining" in server.log()
 
 
+@pytest.mark.server_env({"DLLM_SHUTDOWN_GRACE_S": "1"})
 def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_path):
     grace = 1
     with running_server(tmp_path, {"DLLM_SHUTDOWN_GRACE_S": str(grace)}) as server:
@@ -473,7 +476,14 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("DLLM_MAX_BATCH_SIZE", "0"), ("DLLM_HEADER_TIMEOUT_S", "-1"), ("DLLM_MODEL", "/nonexistent/checkpoint")],
+    [
+        pytest.param(variable, value, marks=pytest.mark.server_env({variable: value}))
+        for variable, value in [
+            ("DLLM_MAX_BATCH_SIZE", "0"),
+            ("DLLM_HEADER_TIMEOUT_S", "-1"),
+            ("DLLM_MODEL", "/nonexistent/checkpoint"),
+        ]
+    ],
 )
 def test_an_invalid_setting_stops_bentoml_serve_with_its_message(tmp_path, variable, value):
     process, _, log_path = start_server(tmp_path, {variable: value})

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import engine.sampler
-from engine import DiffusionEngine, SamplingParams
+from engine import SamplingParams
 from engine.sampler import DenoisingRequest
-from tests.fixture_paths import EMBEDDED_MODEL_DIR
 
 HIGH, LOW, TOP = [3.0, 0.0, 0.0], [0.0, 0.0, 0.0], [5.0, 0.0, 0.0]  # top-1 probabilities 0.91, 1/3, 0.99
 
@@ -48,13 +47,6 @@ def test_commit_applies_token_id_0_and_skips_only_minus_1():
     assert event.committed == [(0, 0), (2, 7)]  # token id 0 is a token like any other
     assert (request.generated, request.masked) == ([0, 99, 7, 99], [False, True, False, True])
     assert event.masked_remaining == 2 and not event.finished
-
-
-@pytest.fixture(scope="module")
-def embedded_engine():
-    engine = DiffusionEngine.from_pretrained(EMBEDDED_MODEL_DIR, device="cpu")
-    yield engine
-    engine.shutdown()
 
 
 @pytest.mark.parametrize("prompt", ["What is 2 plus 3?", "Spell banana.", "Count from 3 to 6."])

@@ -119,8 +119,8 @@ async def collect(engine: DiffusionEngine, messages, params: SamplingParams):
         pytest.param(EMBEDDED_MODEL_DIR, id="embedded"),
     ],
 )
-def test_mixed_concurrent_batch_is_token_identical_to_solo_runs(model_dir, fixture_engine):
-    base = fixture_engine if model_dir == FIXTURE_DIR else DiffusionEngine.from_pretrained(model_dir, device="cpu")
+def test_mixed_concurrent_batch_is_token_identical_to_solo_runs(model_dir, request):
+    base = request.getfixturevalue("fixture_engine" if model_dir == FIXTURE_DIR else "embedded_engine")
     engine = fresh(base, max_batch_size=8, max_wait_ms=100)  # start the burst together
     cases = [(messages, SamplingParams(**kwargs)) for messages, kwargs in MIXED_REQUESTS]
     solo = [list(base.stream(messages=messages, params=params)) for messages, params in cases]

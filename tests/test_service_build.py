@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.fixture_paths import REPO_ROOT
 
 
+@pytest.mark.slow  # `bentoml build` in a subprocess
 def test_bentoml_build_packs_the_service_offline(tmp_path):
     env = {**os.environ, "BENTOML_HOME": str(tmp_path / "home"), "BENTOML_DO_NOT_TRACK": "true"}
     build = subprocess.run(
