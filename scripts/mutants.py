@@ -542,8 +542,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "params-leap-setting-without-switch",
         PARAMS,
-        "            if not getattr(params, self.requires):\n                if value is not None:",
-        "            if not getattr(params, self.requires):\n                if False:",
+        "            if not is_on(getattr(params, self.requires)):\n                if value is not None:",
+        "            if not is_on(getattr(params, self.requires)):\n                if False:",
         "a LocalLeap setting without use_local_leap is refused, never silently ignored",
         ("tests/test_params.py", "tests/test_http_validation.py"),
     ),
