@@ -40,7 +40,7 @@ import pytest
 
 from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR, REPO_ROOT
 
-# Before anything imports torch (OpenMP reads these once), as api/engine_setup.py does for the server: the tiny
+# Before anything imports torch (OpenMP reads these once), as server/engine_setup.py does for the server: the tiny
 # models gain little from a second thread, and OpenMP's spinning workers stall every torch call of this process
 # while the servers it starts (or other jobs) use the cores: the same tests took 3 to 5 times longer that way.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
