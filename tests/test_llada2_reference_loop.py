@@ -15,8 +15,10 @@ from engine.loading import load_model
 from tests.fixture_paths import LLADA2_FIXTURE_DIR, llada2_cases
 
 CASES = llada2_cases()["cases"]
-KWARG_NAMES = {"gen_length", "block_length", "steps", "threshold", "temperature", "top_k", "top_p", "eos_early_stop",
-               "minimal_topk", "editing_threshold", "max_post_steps", "num_to_transfer", "eos_id", "mask_id"}  # fmt: skip
+KWARG_NAMES = {
+    "gen_length", "block_length", "steps", "threshold", "temperature", "top_k", "top_p", "eos_early_stop",
+    "minimal_topk", "editing_threshold", "max_post_steps", "num_to_transfer", "eos_id", "mask_id",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
