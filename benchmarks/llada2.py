@@ -18,7 +18,7 @@ at the first block holding one whatever `early_exit` says): every request comput
 work is fixed and identical in every row. Times are medians over the rounds (and the fastest, the least
 disturbed on a shared machine); the machine and its load average are printed with the results.
 
-Usage: python benchmarks/llada2.py [--repeats 3] [--gen-length 256] [--prompts 16 480] [--concurrency 8]
+Usage: python benchmarks/llada2.py [--repeats 3] [--gen-length 256] [--prompts 16 224] [--concurrency 8]
        [--models fixture mid] [--threads 1] [--json F]
 """
 
@@ -42,26 +42,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.llada2_reference_loop import reference_generate  # noqa: E402
-from benchmarks.llada2_shapes import LLADA2_MID, parameter_counts, random_llada2  # noqa: E402
+from benchmarks.llada2_shapes import LLADA2_MID, TokenIds, parameter_counts, random_llada2, random_prompt  # noqa: E402
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig  # noqa: E402
 from engine.loading import load_model  # noqa: E402
 from tests.fixture_paths import LLADA2_FIXTURE_DIR  # noqa: E402
 
 BLOCK = 32
-
-
-class TokenIds:
-    """What the engine reads of a tokenizer, for models without one: prompts are ids, and no token stops a
-    request (see the module docstring), so `stop_ids` is empty."""
-
-    max_chars_per_token = None
-    stop_ids: frozenset[int] = frozenset()
-
-    def __init__(self, mask_id: int, eos_id: int):
-        self.mask_id, self.eos_id = mask_id, eos_id
-
-    def decode(self, ids: list[int]) -> str:
-        return ""  # the text is not measured; decoding ids would only add host work that the loop does not do
 
 
 @dataclass(frozen=True)
@@ -90,12 +76,6 @@ def load(name: str) -> torch.nn.Module:
     if name == "mid":
         return random_llada2(LLADA2_MID, "cpu", torch.float32, seed=0)
     raise ValueError(f"--models: unknown model {name!r} (fixture or mid)")
-
-
-def prompt_of(config, length: int, seed: int) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    top = min(config.mask_token_id, config.eos_token_id, config.pad_token_id)  # below every special id
-    return torch.randint(0, top, (length,), generator=generator).tolist()
 
 
 class PositionCounter:
@@ -133,7 +113,7 @@ def cache_rows(model_name, engine: DiffusionEngine, settings, prompts, gen, repe
     rows = []
     for setting in settings:
         for length in prompts:
-            ids = prompt_of(config, length, seed=length)
+            ids = random_prompt(config, length, seed=length)
             params = SamplingParams(gen_length=gen, block_length=BLOCK, **setting.engine)
             official = dict(gen_length=gen, block_length=BLOCK, mask_id=config.mask_token_id, eos_id=None)
             official.update(setting.official)
@@ -216,7 +196,7 @@ def batch_row(model_name, model, tokenizer, setting, concurrency, prompt, gen, r
     try:
         # Prompts of different lengths (prompt ± 25%): rows at different blocks and cache lengths share forwards.
         lengths = [prompt + (i * prompt // 2) // max(concurrency - 1, 1) - prompt // 4 for i in range(concurrency)]
-        prompts = [prompt_of(model.config, n, seed=100 + i) for i, n in enumerate(lengths)]
+        prompts = [random_prompt(model.config, n, seed=100 + i) for i, n in enumerate(lengths)]
         params = SamplingParams(gen_length=gen, block_length=BLOCK, **setting.engine)
         asyncio.run(_run(together, prompts[:2], params, concurrent=True))  # warm-up
         sequential, batched, shared = [], [], []
@@ -238,7 +218,7 @@ def batch_row(model_name, model, tokenizer, setting, concurrency, prompt, gen, r
 
 def warm_up(engine: DiffusionEngine, model) -> None:
     """The first forwards of a process are slower (allocator, kernel selection): run each path once untimed."""
-    ids = prompt_of(model.config, 40, seed=1)
+    ids = random_prompt(model.config, 40, seed=1)
     engine.generate(prompt_token_ids=ids, params=SamplingParams(gen_length=BLOCK, block_length=BLOCK))
     mask_id = model.config.mask_token_id
     reference_generate(model, ids, gen_length=BLOCK, block_length=BLOCK, mask_id=mask_id, eos_id=None)
@@ -290,7 +270,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["fixture", "mid"], help="fixture (llada2-tiny) and/or mid")
     parser.add_argument("--gen-length", type=int, default=256)
-    parser.add_argument("--prompts", type=int, nargs="+", default=[16, 480], help="prompt lengths of part 1")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        nargs="+",
+        default=[16, 224],
+        help="prompt lengths of part 1 (≤ 256: the fixture has 512 positions)",
+    )
     parser.add_argument("--batch-prompt", type=int, default=64, help="mean prompt length of part 2")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per row of part 1 (median, fastest)")
@@ -322,7 +308,7 @@ def main() -> None:
     print(CACHE_HEADER)
     caches = []
     for name, model in models.items():
-        tokenizer = TokenIds(model.config.mask_token_id, model.config.eos_token_id)
+        tokenizer = TokenIds(model.config)
         engine = DiffusionEngine(model, tokenizer, torch.device("cpu"), name)
         warm_up(engine, model)
         try:
@@ -336,7 +322,7 @@ def main() -> None:
               f"prompts {args.batch_prompt} ± 25%, {args.batch_rounds} rounds")  # fmt: skip
         print(BATCH_HEADER)
         for name, model in models.items():
-            tokenizer = TokenIds(model.config.mask_token_id, model.config.eos_token_id)
+            tokenizer = TokenIds(model.config)
             for setting in settings:
                 row = batch_row(
                     name, model, tokenizer, setting, args.concurrency, args.batch_prompt, gen, args.batch_rounds

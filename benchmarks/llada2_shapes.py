@@ -38,6 +38,28 @@ LLADA2_TINY = replace(
 )  # fmt: skip
 
 
+class TokenIds:
+    """What the engine reads of a tokenizer, for a model without one: prompts are token ids, and no token stops
+    a request (`stop_ids` is empty), so that every request computes its whole canvas: random weights put EOS
+    anywhere, and LLaDA2.0 ends at the first block holding one whatever `early_exit` says."""
+
+    max_chars_per_token = None
+    stop_ids: frozenset[int] = frozenset()
+
+    def __init__(self, config: LLaDA2Config):
+        self.mask_id, self.eos_id = config.mask_token_id, config.eos_token_id
+
+    def decode(self, ids: list[int]) -> str:
+        return ""  # text is not measured; decoding would only add host work that the official loop does not do
+
+
+def random_prompt(config: LLaDA2Config, length: int, seed: int) -> list[int]:
+    """Random ids below every special id."""
+    generator = torch.Generator().manual_seed(seed)
+    top = min(config.mask_token_id, config.eos_token_id, config.pad_token_id)
+    return torch.randint(0, top, (length,), generator=generator).tolist()
+
+
 def random_llada2(config: LLaDA2Config, device: torch.device | str, dtype: torch.dtype, seed: int = 0):
     """The config's model with random weights, allocated once on the device in `dtype` (no fp32 or host copy).
 
