@@ -280,7 +280,7 @@ def main() -> None:
     parser.add_argument("--batch-prompt", type=int, default=64, help="mean prompt length of part 2")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per row of part 1 (median, fastest)")
-    parser.add_argument("--batch-rounds", type=int, default=2, help="rounds of each mode in part 2")
+    parser.add_argument("--batch-rounds", type=int, default=3, help="rounds of each mode in part 2")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the CPU service's default)")
     parser.add_argument("--skip-batching", action="store_true")
     parser.add_argument("--json", type=Path, help="also write every number here")
