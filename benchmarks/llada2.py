@@ -65,7 +65,7 @@ class Setting:
         return cls("2.0, 1 token/forward", engine, dict(steps=BLOCK, threshold=None))
 
     @classmethod
-    def llada21_editing(cls, gen: int) -> Setting:
+    def llada21_editing(cls) -> Setting:
         engine = dict(confidence_threshold=0.7, editing_threshold=0.5, early_exit=False)
         return cls("2.1, τ 0.7, edit 0.5", engine, dict(threshold=0.7, editing_threshold=0.5))
 
@@ -294,7 +294,7 @@ def main() -> None:
     print(f"machine: {host['cpu']}, {host['cores']} cores, torch {host['torch']}, {host['threads']} torch thread(s), "
           f"float32; load average (1/5/15 min) at start: {load_before}")  # fmt: skip
     gen = args.gen_length
-    settings = [Setting.llada20_one_token(gen), Setting.llada21_editing(gen)]
+    settings = [Setting.llada20_one_token(gen), Setting.llada21_editing()]
     models = {name: load(name) for name in args.models}
     for name, model in models.items():
         total, active = parameter_counts(model.config)

@@ -7,12 +7,16 @@ deterministic (top_k = 1, top_p = 1e-6) and the two seeded multinomial ones: the
 canvas, the number of forwards, each forward's window and what it committed and edited.
 """
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from benchmarks.llada2_reference_loop import ReferenceResult, reference_generate, transfer_schedule
 from engine.loading import load_model
-from tests.fixture_paths import LLADA2_FIXTURE_DIR, llada2_cases
+from tests.fixture_paths import LLADA2_FIXTURE_DIR, REPO_ROOT, llada2_cases
 
 CASES = llada2_cases()["cases"]
 KWARG_NAMES = {
@@ -84,3 +88,20 @@ def test_transfer_schedule_spreads_the_remainder_over_the_first_steps():
 def test_unknown_attention_is_refused(model):
     with pytest.raises(ValueError, match="attention"):
         reference_generate(model, [1, 2], gen_length=4, block_length=4, mask_id=511, eos_id=508, attention="causal")
+
+
+def test_the_benchmark_runs_and_finds_the_engine_equal_to_the_loop(tmp_path):
+    """benchmarks/llada2.py at a tiny size: it asserts in every round that the engine's canvas and forward count
+    equal the official loop's, so exit status 0 is that check passing; no timing is looked at."""
+    out = tmp_path / "llada2.json"
+    command = [sys.executable, "benchmarks/llada2.py", "--models", "fixture", "--gen-length", "32", "--prompts", "5",
+               "40", "--repeats", "1", "--batch-rounds", "1", "--concurrency", "2", "--json", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "load average" in done.stdout
+    report = json.loads(out.read_text())
+    rows = report["cache"]
+    assert [(r["setting"][:3], r["prompt"]) for r in rows] == [("2.0", 5), ("2.0", 40), ("2.1", 5), ("2.1", 40)]
+    for row in rows:
+        assert row["engine_positions"] < row["official_positions"]  # the cache computes less for the same tokens
+    assert [r["concurrency"] for r in report["batching"]] == [2, 2]
