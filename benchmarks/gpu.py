@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py --device cuda --json gpu.json     # the real run (about 2 minutes on an H200)
     python benchmarks/gpu.py --family dream --device cuda      # the same at Dream-7B / DiffuCoder-7B shapes
+    python benchmarks/gpu.py --family llada2 --device cuda     # LLaDA2-mini's shapes: the cached block step
     python benchmarks/gpu.py --tiny [--family dream]           # smoke check on CPU (< 60 s; numbers mean nothing)
 
 The model has LLaDA-8B-Instruct's (or Dream-v0-Instruct-7B's) exact config and random weights, built directly
@@ -379,12 +380,17 @@ def count(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny config, few iterations: a smoke check (CPU)")
-    parser.add_argument("--family", choices=["llada", "dream"], default="llada", help="LLaDA-8B or Dream-7B shapes")
+    parser.add_argument("--family", choices=["llada", "dream", "llada2"], default="llada",
+                        help="LLaDA-8B, Dream-7B or LLaDA2-mini shapes")  # fmt: skip
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this file")
     args = parser.parse_args()
+    if args.family == "llada2":  # a block-diffusion MoE: its own plan (the cached block step)
+        from benchmarks.gpu_llada2 import run_llada2
+
+        return run_llada2(args)
 
     plan = PLANS[(args.family, args.tiny)]
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda"))

@@ -63,6 +63,50 @@ def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
         assert row["outside_forward_share"] == pytest.approx(row["sampler_share"] + row["scheduler_share"])
 
 
+def test_gpu_benchmark_tiny_llada2_runs_the_cached_block_step(tmp_path):
+    out = tmp_path / "gpu-llada2.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--tiny", "--family", "llada2", "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("SMOKE CHECK") for line in lines)
+    assert any(line.startswith("matmul rate:") for line in lines)
+    rows = [line.split() for line in lines if re.match(r"llada2 +\d", line)]
+    assert [(int(r[1]), int(r[2])) for r in rows] == [(b, p) for p in (32, 64) for b in (1, 8)]
+    assert sum(line.startswith("prompt ") and "batch 8 vs 1" in line for line in lines) == 2
+
+    report = json.loads(out.read_text())
+    assert report["smoke_check_only"] is True and report["family"] == "llada2"
+    assert report["config"]["num_experts"] == 8  # the tiny plan, not LLaDA2-mini's 256
+    for row in report["block_step"]:
+        assert 0 < row["fastest_step_ms"] <= row["step_ms"]
+        assert row["step_ms_per_request"] == pytest.approx(row["step_ms"] / row["batch"])
+        assert row["vs_official"] == pytest.approx(row["batch"] * row["official_step_ms"] / row["step_ms"])
+        # The block cache of one request: 3 layers × keys and values × 2 heads × 16 dims × fp32 × its canvas.
+        canvas = row["prompt"] + 64
+        assert row["kv_cache_mib_per_request"] == pytest.approx(3 * 2 * 2 * 16 * 4 * canvas / 2**20)
+
+
+def test_llada2_mini_shapes_and_parameter_counts():
+    """LLaDA2-mini is "16 B total, 1.4 B active": the benchmark's config must have its real shapes."""
+    from benchmarks.llada2_shapes import LLADA2_MINI, parameter_counts
+
+    d, layers, vocab = 2048, 20, 157184
+    attention = d * (16 + 2 * 4) * 128 + 16 * 128 * d + 2 * 128  # fused qkv, output, q/k norms
+    expert = 3 * d * 512
+    moe_layer = attention + 256 * expert + 256 * d + expert + 2 * d  # experts, router, shared expert, 2 norms
+    dense_layer = attention + 3 * d * 5120 + 2 * d
+    total = 2 * vocab * d + dense_layer + (layers - 1) * moe_layer + d  # untied embeddings and head, final norm
+    assert parameter_counts(LLADA2_MINI) == (total, total - (layers - 1) * (256 - 8) * expert)
+    assert total == pytest.approx(16.26e9, rel=1e-3)
+    assert total - (layers - 1) * 248 * expert == pytest.approx(1.43e9, rel=1e-2)
+
+
 def test_flop_formula_at_llada_8b_scale():
     from benchmarks.gpu import LLADA_8B, block_weight_count, forward_flops
 
