@@ -213,14 +213,12 @@ class DiffusionEngine:
         if total > self.max_sequence_length:
             raise _too_long(len(ids), params.gen_length, self.max_sequence_length)
         cache_bytes = self.model.kv_bytes(total) if params.kv_cache != "none" else 0
-        budget = self.scheduler_config.kv_cache_budget_bytes
-        if cache_bytes > budget:
-            raise InvalidParameter(
-                "kv_cache",
-                f"this request's KV cache ({total} positions: prompt plus canvas) needs {mebibytes(cache_bytes)}, "
-                f"more than the server's whole KV-cache budget ({mebibytes(budget)}, DLLM_KV_CACHE_BUDGET_MB); "
-                'use a shorter canvas or kv_cache "none"',
-            )
+        self._check_kv_budget(
+            cache_bytes,
+            "kv_cache",
+            f"KV cache ({total} positions: prompt plus canvas)",
+            'use a shorter canvas or kv_cache "none"',
+        )
         return DenoisingRequest(
             ids,
             params,
@@ -245,14 +243,9 @@ class DiffusionEngine:
                 f"({self.max_sequence_length})",
             )
         cache_bytes = self.model.kv_bytes(canvas)
-        budget = self.scheduler_config.kv_cache_budget_bytes
-        if cache_bytes > budget:
-            raise InvalidParameter(
-                "gen_length",
-                f"this request's block KV cache ({canvas} positions) needs {mebibytes(cache_bytes)}, more than the "
-                f"server's whole KV-cache budget ({mebibytes(budget)}, DLLM_KV_CACHE_BUDGET_MB); use a shorter "
-                "prompt or canvas",
-            )
+        self._check_kv_budget(
+            cache_bytes, "gen_length", f"block KV cache ({canvas} positions)", "use a shorter prompt or canvas"
+        )
         return BlockDiffusionRequest(
             ids,
             params,
@@ -262,6 +255,16 @@ class DiffusionEngine:
             device=self.device,
             kv_cache_bytes=cache_bytes,
         )
+
+    def _check_kv_budget(self, cache_bytes: int, field: str, cache: str, advice: str) -> None:
+        """Refuse a request whose cache could never be admitted: it would wait for memory forever."""
+        budget = self.scheduler_config.kv_cache_budget_bytes
+        if cache_bytes > budget:
+            raise InvalidParameter(
+                field,
+                f"this request's {cache} needs {mebibytes(cache_bytes)}, more than the server's whole KV-cache "
+                f"budget ({mebibytes(budget)}, DLLM_KV_CACHE_BUDGET_MB); {advice}",
+            )
 
     def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]:
         """One shared forward for `requests` and each one's sampler step (see engine.batch)."""
