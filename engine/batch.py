@@ -68,7 +68,8 @@ def denoise_step(
         logits, candidate_cols = _cached_forward(model, rows, width, device, pad_id)
     else:
         logits, candidate_cols = _full_forward(model, rows, width, device, pad_id)
-    return _propose_and_commit(rows, logits, candidate_cols)
+    # Padded columns keep the distances between a row's positions: all LocalLeap needs.
+    return propose_and_commit([row.request for row in rows], [row.offsets for row in rows], logits, candidate_cols)
 
 
 def _candidate_grid(columns: list[list[int]]) -> tuple[list[int], list[int], int]:
@@ -173,14 +174,21 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     return logits, candidate_cols
 
 
-def _propose_and_commit(rows: list[_Row], logits: torch.Tensor, candidate_cols: torch.Tensor):
+def propose_and_commit(
+    requests: list, offsets: list[list[int]], logits: torch.Tensor, beside: torch.Tensor
+) -> list[StepEvent | Exception]:
+    """Each request's sampler step on its slice of the shared logits, for every kind of request.
+
+    logits: [N, V] at every request's candidates, in order; beside: [N], what `propose` reads next to them (the
+    candidates' canvas columns for LocalLeap's distances; for block diffusion, the tokens now there, for editing).
+    A request whose step raises gets its exception back in its slot; the others are unaffected.
+    """
     proposals: list[torch.Tensor | Exception] = []
     start = 0
-    for row in rows:
-        end = start + len(row.offsets)
+    for request, row_offsets in zip(requests, offsets):
+        end = start + len(row_offsets)
         try:
-            # Padded columns keep the distances between a row's positions: all LocalLeap needs.
-            proposals.append(row.request.propose(logits[start:end], candidate_cols[start:end]))
+            proposals.append(request.propose(logits[start:end], beside[start:end]))
         except Exception as error:  # noqa: BLE001 - isolate one request's failure from its batch-mates
             proposals.append(error)
         start = end
@@ -191,13 +199,13 @@ def _propose_and_commit(rows: list[_Row], logits: torch.Tensor, candidate_cols: 
         packed = torch.cat(good).tolist()
     events: list[StepEvent | Exception] = []
     at = 0
-    for row, proposal in zip(rows, proposals):
+    for request, row_offsets, proposal in zip(requests, offsets, proposals):
         if isinstance(proposal, Exception):
             events.append(proposal)
             continue
-        size = len(row.offsets)
+        size = len(row_offsets)
         try:
-            events.append(row.request.commit(row.offsets, packed[at : at + size]))
+            events.append(request.commit(row_offsets, packed[at : at + size]))
         except Exception as error:  # noqa: BLE001
             events.append(error)
         at += size

@@ -23,7 +23,7 @@ from itertools import chain
 
 import torch
 
-from engine.batch import _candidate_grid, _to_device
+from engine.batch import _candidate_grid, _to_device, propose_and_commit
 from engine.block_sampler import BlockDiffusionRequest
 from engine.llada2 import BlockKVFrame, LLaDA2MoeModelLM
 from engine.model import LogitIndex
@@ -84,33 +84,4 @@ def block_denoise_step(
     current = input_ids.gather(1, index.columns).flatten()
     if index.real is not None:
         current = current[index.real]
-    return _propose_and_commit(requests, offsets, logits, current)
-
-
-def _propose_and_commit(requests, offsets, logits: torch.Tensor, current: torch.Tensor):
-    proposals: list[torch.Tensor | Exception] = []
-    start = 0
-    for request, row_offsets in zip(requests, offsets):
-        end = start + len(row_offsets)
-        try:
-            proposals.append(request.propose(logits[start:end], current[start:end]))
-        except Exception as error:  # noqa: BLE001 - isolate one request's failure from its batch-mates
-            proposals.append(error)
-        start = end
-    good = [p for p in proposals if not isinstance(p, Exception)]
-    if good:
-        # The one synchronisation of the step: every proposal comes to the host in a single copy.
-        packed = torch.cat(good).tolist()
-    events: list[StepEvent | Exception] = []
-    at = 0
-    for request, row_offsets, proposal in zip(requests, offsets, proposals):
-        if isinstance(proposal, Exception):
-            events.append(proposal)
-            continue
-        size = len(row_offsets)
-        try:
-            events.append(request.commit(row_offsets, packed[at : at + size]))
-        except Exception as error:  # noqa: BLE001
-            events.append(error)
-        at += size
-    return events
+    return propose_and_commit(requests, offsets, logits, current)
