@@ -24,33 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import LLaDA2Config
-from engine.model import LogitIndex, RMSNorm, rotate_half
-
-# Rotary tables are built for this many positions up front and grown on demand.
-_INITIAL_ROTARY_LENGTH = 4096
-
-
-class PartialRotary:
-    """cos/sin tables of the rotated slice of each head, float32, grown on demand, one per device."""
-
-    def __init__(self, rotary_dim: int, theta: float):
-        self.rotary_dim = rotary_dim
-        self.theta = theta
-        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def get(self, positions: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at `positions` [B, T] (all below `length`, a host-side bound) → [B, 1, T, rotary_dim]."""
-        device = positions.device
-        cos, sin = self._tables.get(device, (None, None))
-        if cos is None or cos.shape[0] < length:
-            size = max(length, _INITIAL_ROTARY_LENGTH)
-            exponent = torch.arange(0, self.rotary_dim, 2, device=device, dtype=torch.float32) / self.rotary_dim
-            inv_freq = 1.0 / (self.theta**exponent)
-            angles = torch.outer(torch.arange(size, device=device, dtype=torch.float32), inv_freq)
-            angles = torch.cat((angles, angles), dim=-1)
-            cos, sin = angles.cos(), angles.sin()
-            self._tables[device] = (cos, sin)
-        return cos[positions][:, None], sin[positions][:, None]
+from engine.model import LogitIndex, RMSNorm, RotaryCache, rope_rows, rotate_half
 
 
 def apply_partial_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -219,7 +193,8 @@ class LLaDA2MoeModelLM(nn.Module):
         self.model.layers = nn.ModuleList(LLaDA2MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = PartialRotary(config.rotary_dim, config.rope_theta)
+        # The rotated slice of each head (rotary_dim of head_dim) takes LLaDA's float32 tables at its own width.
+        self.rotary = RotaryCache(config.rotary_dim, config.rope_theta, initial_length=4096)
 
     def forward(
         self,
@@ -253,7 +228,8 @@ class LLaDA2MoeModelLM(nn.Module):
             mask = attention_mask
             layer_kv = [None] * len(self.model.layers)
             bound = input_ids.shape[1] if position_ids is None else self.config.max_sequence_length
-        cos, sin = self.rotary.get(positions, bound)
+        cos, sin = self.rotary.get(bound, device)  # [bound, rotary_dim]
+        cos, sin = rope_rows(cos, positions), rope_rows(sin, positions)  # [B, 1, T, rotary_dim]
         x = self.model.word_embeddings(input_ids)
         hidden = [x]
         for layer, kv_of_layer in zip(self.model.layers, layer_kv):
