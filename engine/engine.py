@@ -220,14 +220,7 @@ class DiffusionEngine:
             'use a shorter canvas or kv_cache "none"',
         )
         return DenoisingRequest(
-            ids,
-            params,
-            mask_id=self.tokenizer.mask_id,
-            stop_ids=self.tokenizer.stop_ids,
-            decode=self.tokenizer.decode,
-            device=self.device,
-            kv_cache_bytes=cache_bytes,
-            timestep_eps=defaults.timestep_eps,
+            ids, params, kv_cache_bytes=cache_bytes, timestep_eps=defaults.timestep_eps, **self._sampler_needs()
         )
 
     def _new_block_request(self, ids: list[int], params: SamplingParams) -> BlockDiffusionRequest:
@@ -246,15 +239,16 @@ class DiffusionEngine:
         self._check_kv_budget(
             cache_bytes, "gen_length", f"block KV cache ({canvas} positions)", "use a shorter prompt or canvas"
         )
-        return BlockDiffusionRequest(
-            ids,
-            params,
-            mask_id=self.tokenizer.mask_id,
-            stop_ids=self.tokenizer.stop_ids,
-            decode=self.tokenizer.decode,
-            device=self.device,
-            kv_cache_bytes=cache_bytes,
-        )
+        return BlockDiffusionRequest(ids, params, kv_cache_bytes=cache_bytes, **self._sampler_needs())
+
+    def _sampler_needs(self) -> dict:
+        """What a request's sampler takes from the model and its tokenizer, whichever kind of request it is."""
+        return {
+            "mask_id": self.tokenizer.mask_id,
+            "stop_ids": self.tokenizer.stop_ids,
+            "decode": self.tokenizer.decode,
+            "device": self.device,
+        }
 
     def _check_kv_budget(self, cache_bytes: int, field: str, cache: str, advice: str) -> None:
         """Refuse a request whose cache could never be admitted: it would wait for memory forever."""
