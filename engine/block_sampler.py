@@ -79,6 +79,9 @@ class BlockDiffusionRequest:
         if not self.editing:
             self.quotas = uniform_quotas(block, params.steps_per_block)
         self.cached_until = 0  # canvas positions [0, cached_until) have final keys in kv_cache_tensor
+        # From here on the same state as DenoisingRequest's, under the same names: the scheduler, the batch step and
+        # the stats read both kinds alike. Written out twice on purpose: a shared base class would hold only these
+        # assignments and hide which state each sampler owns.
         self.step = 0
         self.final_until = 0  # generated offsets [0, final_until) can no longer change
         self.step_commits: list[list[int]] = []
