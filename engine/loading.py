@@ -144,9 +144,9 @@ def load_model(
             for name in shard.keys():
                 if name not in expected:
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a {config.family} checkpoint?")
-                tensor = shard.get_tensor(name).to(dtype)
-                if not streamer.take(name, tensor):
-                    state[name] = tensor
+                kept = streamer.take(name, shard.get_tensor(name).to(dtype))  # None: quantized with its block
+                if kept is not None:
+                    state[name] = kept
     missing = expected - set(state) - streamer.taken
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
