@@ -404,7 +404,10 @@ def main() -> None:
     plan = PLANS[(args.family, args.tiny)]
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda"))
     dtype = quantized_dtype(args.quantize, dtype_from_name(args.dtype) if args.dtype else None) or default_dtype(device)
-    check_quantization(args.quantize, device, dtype, setting="--quantize")
+    try:
+        check_quantization(args.quantize, device, dtype, setting="--quantize")
+    except ValueError as error:
+        parser.error(str(error))
     config = plan.config
     torch.set_grad_enabled(False)
     if args.tiny and device.type == "cpu":

@@ -228,3 +228,20 @@ def test_metrics_say_which_quantization_is_loaded(engines):
     quantized_bytes = int(weight_line.split()[1])
     assert quantized_bytes == weight_bytes(engines("llada-tiny", "int8").model, []).model_bytes
     assert 'quantization="none"' in EngineStats().prometheus_text()
+
+
+def test_a_server_started_with_dllm_quantize_reports_it_in_models_and_metrics(tmp_path):
+    """The real `bentoml serve` with DLLM_QUANTIZE=int8: /v1/models and /metrics name it, and it answers."""
+    import httpx
+
+    from tests.conftest import running_server
+
+    with running_server(tmp_path, {"DLLM_QUANTIZE": "int8"}) as server:
+        models = httpx.get(f"{server.base_url}/v1/models", timeout=60).json()
+        assert [m["quantization"] for m in models["data"]] == ["int8"]
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=60).text
+        assert 'dllm_model_quantization_info{quantization="int8"} 1' in metrics
+        body = {"messages": [{"role": "user", "content": "Spell dog."}], "max_tokens": 16}
+        answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "d-o-g"
+        assert "quantization int8" in server.log()  # the startup log line

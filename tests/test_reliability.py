@@ -473,7 +473,13 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("DLLM_MAX_BATCH_SIZE", "0"), ("DLLM_HEADER_TIMEOUT_S", "-1"), ("DLLM_MODEL", "/nonexistent/checkpoint")],
+    [
+        ("DLLM_MAX_BATCH_SIZE", "0"),
+        ("DLLM_HEADER_TIMEOUT_S", "-1"),
+        ("DLLM_MODEL", "/nonexistent/checkpoint"),
+        ("DLLM_QUANTIZE", "int3"),
+        ("DLLM_QUANTIZE", "fp8"),  # on a CPU
+    ],
 )
 def test_an_invalid_setting_stops_bentoml_serve_with_its_message(tmp_path, variable, value):
     process, _, log_path = start_server(tmp_path, {variable: value})
