@@ -5,16 +5,17 @@
 In one run, for each setting (none, int8, int4; bfloat16 throughout, the dtype a quantized model loads in):
 1. weight bytes of the quantized layers (the linear layers of the transformer blocks) vs the same in bf16,
    for the embedded model (models/tiny-llada-chat);
-2. peak resident memory while loading, in a fresh process per setting, for the embedded model and for a
-   synthetic 8-layer LLaDA checkpoint of 0.1 B parameters in bf16 (written to a temporary directory), large
-   enough that its weights, not the libraries, dominate: streaming quantization should keep the peak near
-   the quantized size;
+2. peak resident memory while loading (the highest of 3 loads), in a fresh process per setting, for the
+   embedded model and for a synthetic 8-layer LLaDA checkpoint of 0.1 B parameters in bf16 (written to a
+   temporary directory), large enough that its weights, not the libraries, dominate: streaming
+   quantization should keep the peak near the quantized size;
 3. time per forward of the embedded model (a batch-1 canvas and a batch of 32) and end to end (32 prompts,
-   batched, KV cache + threshold decoding), as ratios to none;
+   batched, KV cache + threshold decoding), as ratios to none: medians of interleaved rounds;
 4. agreement of generated tokens with none on the fixture checkpoints and the embedded model, with the same
    requests (KV cache + threshold + batching where the family has a KV cache), and for scale the agreement
    of none-in-bfloat16 with none-in-float32;
-5. with --eval: the embedded model's evaluation (scripts/eval_tiny_model.py, the task rows) per setting.
+5. with --eval: the embedded model's evaluation (scripts/eval_tiny_model.py's held-out task prompts) per
+   setting: accuracy, and the share of answers identical to none's.
 CPU numbers on a shared 2-core machine: compare the ratios, not the absolute times.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -243,9 +245,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this file")
     parser.add_argument("--eval", action="store_true", help="also run the embedded model's evaluation per setting")
-    parser.add_argument("--eval-limit", type=int, default=200, help="held-out prompts for --eval")
+    parser.add_argument("--eval-limit", type=int, default=400, help="held-out task prompts for --eval")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for the timings")
     parser.add_argument("--iters", type=int, default=20, help="forwards per timing")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (the median is reported)")
+    parser.add_argument("--memory-repeats", type=int, default=3, help="loads per memory measurement (the peak)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     report: dict = {"torch": torch.__version__, "threads": args.threads, "dtype": "bfloat16"}
@@ -273,21 +277,31 @@ def main() -> None:
         for label, path in (("embedded", EMBEDDED_MODEL_DIR), (f"synthetic {size:.0f} MiB bf16", synthetic)):
             report["load_memory"][label] = {}
             for mode in MODES:
-                row = peak_load_memory(path, mode)
+                # The highest of a few loads: a peak sampled every millisecond can only be missed, not inflated.
+                runs = [peak_load_memory(path, mode) for _ in range(args.memory_repeats)]
+                row = {key: max(r[key] for r in runs) for key in runs[0]}
                 report["load_memory"][label][mode] = row
                 print(f"   {label:24s} {mode:5s} load: peak anon {row['peak_anon_mib']:6.1f}, peak RSS "
                       f"{row['peak_rss_mib']:6.1f}, RSS after {row['after_load_rss_mib']:6.1f}; "
                       f"RSS after a forward {row['after_forward_rss_mib']:6.1f}")  # fmt: skip
 
-    print(f"\n3. speed, embedded model, {args.threads} thread(s): ms per forward and end to end; ratio = none / mode")
-    report["speed"] = {}
-    for mode, engine in engines.items():
-        row = {
-            "forward_1x64_ms": time_forward(engine, 1, 64, args.iters) * 1e3,
-            "forward_32x64_ms": time_forward(engine, 32, 64, max(3, args.iters // 4)) * 1e3,
-        }
-        row["e2e_s"], row["e2e_tokens"] = time_end_to_end(engine)
-        report["speed"][mode] = row
+    print(f"\n3. speed, embedded model, {args.threads} thread(s): ms per forward and end to end, the median of "
+          f"{args.repeats} interleaved rounds; ratio = none's time / the mode's (above 1: faster)")  # fmt: skip
+    rounds: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for _ in range(args.repeats):  # interleaved, so that the machine's load drifts over all settings alike
+        for mode, engine in engines.items():
+            e2e_s, tokens = time_end_to_end(engine)
+            rounds[mode].append(
+                {
+                    "forward_1x64_ms": time_forward(engine, 1, 64, args.iters) * 1e3,
+                    "forward_32x64_ms": time_forward(engine, 32, 64, max(3, args.iters // 4)) * 1e3,
+                    "e2e_s": e2e_s,
+                    "e2e_tokens": tokens,
+                }
+            )
+    report["speed"] = {
+        mode: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for mode, runs in rounds.items()
+    }
     none = report["speed"]["none"]
     for mode, row in report["speed"].items():
         for key in ("forward_1x64_ms", "forward_32x64_ms", "e2e_s"):
@@ -305,14 +319,23 @@ def main() -> None:
         print(f"   {name:16s} " + "  ".join(f"{mode} {share:6.1%}" for mode, share in row.items()))
 
     if args.eval:
-        from scripts.eval_tiny_model import report as eval_report
+        from scripts.eval_tiny_model import heldout_examples, run
 
-        print(f"\n5. the embedded model's evaluation (task rows, {args.eval_limit} held-out prompts, gen 32, greedy)")
+        examples = heldout_examples(args.eval_limit)
+        params = SamplingParams(gen_length=32)  # the evaluation's defaults: one block, 32 steps, greedy
+        print(f"\n5. the embedded model's evaluation: {len(examples)} held-out task prompts (scripts/eval_tiny_model.py"
+              f", gen 32, greedy, batches of 32): exact-match accuracy, and answers identical to none's")  # fmt: skip
         report["eval"] = {}
+        answers: dict[str, list[str]] = {}
         for mode, engine in engines.items():
-            print(f"   --- {mode}")
-            scores = eval_report(engine, SamplingParams(gen_length=32), args.eval_limit, 32, tasks_only=True)
-            report["eval"][mode] = scores
+            start = time.perf_counter()
+            answers[mode] = [r.text.strip() for r in run(engine, examples, params, 32)]
+            seconds = time.perf_counter() - start
+            accuracy = sum(a == e.answer for a, e in zip(answers[mode], examples)) / len(examples)
+            identical = sum(a == b for a, b in zip(answers[mode], answers["none"])) / len(examples)
+            report["eval"][mode] = {"accuracy": accuracy, "identical_to_none": identical, "seconds": seconds}
+            print(f"   {mode:5s} accuracy {accuracy:6.1%}  identical to none {identical:6.1%}  "
+                  f"({seconds:.1f} s, {report['eval']['none']['seconds'] / seconds:.2f}x none's speed)")  # fmt: skip
 
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
