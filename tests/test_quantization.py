@@ -244,7 +244,9 @@ def test_a_server_started_with_dllm_quantize_reports_it_in_models_and_metrics(tm
         body = {"messages": [{"role": "user", "content": "Spell dog."}], "max_tokens": 16}
         answer = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
         assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "d-o-g"
-        assert "quantization int8" in server.log()  # the startup log line
+        log = server.log()
+        assert "quantization int8" in log  # the startup line, and the weight bytes before and after:
+        assert "quantized 28 of 28 linear layers in the blocks to int8: their weights 1.6 MiB → 0.8 MiB" in log
 
 
 def test_the_compiled_blocks_run_quantized_weights():
