@@ -79,7 +79,8 @@ def check_quantization(
         return
     device = torch.device(device)
     if mode == "fp8":
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        on_cuda = device.type == "cuda" and torch.cuda.is_available()
+        capability = torch.cuda.get_device_capability(device) if on_cuda else None
         if capability is None or capability < FP8_MIN_CAPABILITY:
             where = f"compute capability {capability[0]}.{capability[1]}" if capability else f"device {device.type}"
             raise ValueError(
