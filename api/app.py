@@ -89,7 +89,10 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)], tags=["OpenA
 
 def model_card(request: Request, engine: DiffusionEngine) -> ModelCard:
     return ModelCard(
-        id=engine.model_name, created=request.app.state.started_at, max_sequence_length=engine.max_sequence_length
+        id=engine.model_name,
+        created=request.app.state.started_at,
+        max_sequence_length=engine.max_sequence_length,
+        quantization=engine.quantization,
     )
 
 

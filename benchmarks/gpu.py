@@ -4,6 +4,7 @@
     python benchmarks/gpu.py --family dream --device cuda      # the same at Dream-7B / DiffuCoder-7B shapes
     python benchmarks/gpu.py --family llada2 --device cuda     # LLaDA2-mini's shapes: the cached block step
     python benchmarks/gpu.py --tiny [--family dream]           # smoke check on CPU (< 60 s; numbers mean nothing)
+    python benchmarks/gpu.py --device cuda --quantize int4      # the same with int4 (or int8, fp8) weights
 
 The model has LLaDA-8B-Instruct's (or Dream-v0-Instruct-7B's) exact config and random weights, built directly
 on the device (nothing is downloaded): speed depends on shapes, not on weight values. In one run it measures
@@ -13,6 +14,10 @@ on the device (nothing is downloaded): speed depends on shapes, not on weight va
 3. end-to-end generation through the async API and its scheduler thread (gen 256, block 32, 256 steps:
    one token per forward) at concurrency 1 and 8, the share of wall time spent outside the model forward
    (sampler + scheduler overhead), and peak GPU memory per request.
+With --quantize int8 | int4 | fp8 the blocks' linear layers are quantized after the random weights are drawn,
+as loading does (engine/quantization.py): the weight bytes, the forward and the end to end then measure the
+quantized kernels. The FLOP count stays that of the unquantized model (weight-only quantization changes the
+bytes read, not the multiply-adds), so "of rate" compares against the bf16 matmul rate.
 
 FLOPs per forward (a multiply-add is 2 FLOPs), for B rows of T positions and N candidate positions in all,
 with P = P_blocks / L the linear weights of one block and P_kv those of its key and value projections:
@@ -56,6 +61,13 @@ from engine.loading import (  # noqa: E402
     transformer_blocks,
 )
 from engine.model import LogitIndex  # noqa: E402
+from engine.quantization import (  # noqa: E402
+    QUANTIZE_MODES,
+    check_quantization,
+    quantize_block,
+    quantized_dtype,
+    weight_bytes,
+)
 from engine.tokenizer import ChatTokenizer  # noqa: E402
 
 # Only their tokenizers are used (engine requests need one); the prompts are token ids, so the vocabulary
@@ -386,6 +398,9 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this file")
+    parser.add_argument(
+        "--quantize", choices=QUANTIZE_MODES, default="none", help="weight-only quantization of the blocks' linears"
+    )
     args = parser.parse_args()
     if args.family == "llada2":  # a block-diffusion MoE: its own plan (the cached block step)
         from benchmarks.gpu_llada2 import run_llada2
@@ -394,7 +409,11 @@ def main() -> None:
 
     plan = PLANS[(args.family, args.tiny)]
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda"))
-    dtype = dtype_from_name(args.dtype) if args.dtype else default_dtype(device)
+    dtype = quantized_dtype(args.quantize, dtype_from_name(args.dtype) if args.dtype else None) or default_dtype(device)
+    try:
+        check_quantization(args.quantize, device, dtype, setting="--quantize")
+    except ValueError as error:
+        parser.error(str(error))
     config = plan.config
     torch.set_grad_enabled(False)
     if args.tiny and device.type == "cpu":
@@ -405,6 +424,10 @@ def main() -> None:
     model = random_model(config, device, dtype)
     p_blocks = block_weight_count(model)
     p_total = model.num_parameters()
+    if args.quantize != "none":
+        for block in transformer_blocks(model):
+            quantize_block(block, args.quantize)
+    quantized = weight_bytes(model, transformer_blocks(model))
     weights_mib = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
     backends = attention_kernels(model, config, device)  # eager: before any compilation
     if args.compile:
@@ -413,7 +436,7 @@ def main() -> None:
     rate = matmul_rate(device, dtype, plan.matmul_size)
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"device: {device} ({device_name})  dtype: {str(dtype).removeprefix('torch.')}  "
+    print(f"device: {device} ({device_name})  dtype: {str(dtype).removeprefix('torch.')}  quantize: {args.quantize}  "
           f"compile: {'on' if args.compile else 'off'}  model: {'tiny ' if args.tiny else ''}"
           f"{MODEL_NAMES[args.family]} config, "
           f"{count(p_total)} params ({count(p_blocks)} in blocks), random weights")  # fmt: skip
@@ -426,6 +449,8 @@ def main() -> None:
           f"for a padded batch: {backends['padded']}")  # fmt: skip
     if weights_mib is not None:
         print(f"weights: {weights_mib:.0f} MiB on the device")
+    print(f"block linear weights: {quantized.loaded_bytes / 2**20:.1f} MiB, {quantized.ratio_to_bf16:.0%} of bf16 "
+          f"({quantized.quantized_layers} of {quantized.layers} layers quantized: {args.quantize})")  # fmt: skip
 
     print(f"\nforward sweep ({plan.block_length} candidate positions per row, no padding)")
     print(f"{'':8}{'batch':>6}{'canvas':>8}{'ms':>10}{'TFLOP/s':>10}{'of rate':>9}{'ceiling ms':>12}")
@@ -519,6 +544,10 @@ def main() -> None:
             "device_name": device_name,
             "dtype": str(dtype).removeprefix("torch."),
             "compile": args.compile,
+            "quantize": args.quantize,
+            "block_weight_bytes": quantized.loaded_bytes,
+            "block_weight_ratio_to_bf16": quantized.ratio_to_bf16,
+            "quantized_layers": quantized.quantized_layers,
             "family": args.family,
             "torch": torch.__version__,
             "config": asdict(config),

@@ -31,6 +31,7 @@ from engine.memory import default_kv_cache_budget, mebibytes
 from engine.params import SamplingParams
 from engine.preparation import PreparationStage
 from engine.prompt import Prompt
+from engine.quantization import loaded_quantization, model_weight_bytes
 from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.stats import EngineStats
@@ -73,6 +74,7 @@ class DiffusionEngine:
         self.scheduler_config = config
         self.stats = EngineStats()  # every request, sync or async: they all go through the scheduler
         self.stats.set_kv_cache_budget(config.kv_cache_budget_bytes)
+        self.stats.set_model(model_weight_bytes(model), loaded_quantization(model))
         self._scheduler: Scheduler | None = None  # started by the first request
         self._scheduler_lock = threading.Lock()
         # Tokenizes async requests off the event loop, bounded (see `astream` and engine/preparation.py).
@@ -86,22 +88,26 @@ class DiffusionEngine:
         dtype: torch.dtype | str | None = None,
         scheduler_config: SchedulerConfig | None = None,
         compile: bool | None = None,
+        quantize: str | None = None,
     ) -> DiffusionEngine:
         """Load a checkpoint: a local directory, a hub id, or (None) the embedded model.
 
         The family (LLaDA / LLaDA-1.5, Dream / DiffuCoder, or LLaDA2.x) is read from its config.json; no code
         from the checkpoint is run.
 
-        dtype: None → bfloat16 on CUDA, float32 on CPU; a torch dtype or its name ("bfloat16", "float16", "float32").
+        dtype: None → bfloat16 on CUDA, float32 on CPU (bfloat16 on both when quantized); a torch dtype or its
+            name ("bfloat16", "float16", "float32").
         scheduler_config: how the scheduler batches requests; None → `SchedulerConfig.from_env()`.
         compile: `torch.compile` the model forward (dynamic shapes); None → DLLM_COMPILE=1 (off by default).
+        quantize: weight-only quantization of the transformer blocks' linear layers, "none", "int8", "int4" or
+            "fp8" (engine/quantization.py); None → DLLM_QUANTIZE (none by default).
         """
         scheduler_config = scheduler_config or SchedulerConfig.from_env()  # bad env vars fail before loading
         model_dir = resolve_model_dir(path_or_hub_id)
         device = torch.device(device or default_device())
         if isinstance(dtype, str):
             dtype = dtype_from_name(dtype)
-        model = load_model(model_dir, device, dtype, compile=compile)
+        model = load_model(model_dir, device, dtype, compile=compile, quantize=quantize)
         tokenizer = ChatTokenizer.from_pretrained(model_dir, model.config)
         is_hub_id = path_or_hub_id is not None and not Path(path_or_hub_id).is_dir()
         name = str(path_or_hub_id) if is_hub_id else model_dir.name
@@ -110,6 +116,11 @@ class DiffusionEngine:
     @property
     def max_sequence_length(self) -> int:
         return self.model.config.max_sequence_length
+
+    @property
+    def quantization(self) -> str:
+        """The loaded weights' quantization: "none", "int8", "int4" or "fp8"."""
+        return loaded_quantization(self.model)
 
     @property
     def family(self) -> str:

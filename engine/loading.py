@@ -13,6 +13,7 @@ from engine.config import DreamConfig, LLaDA2Config, LLaDAConfig, read_config
 from engine.dream import DreamModelLM
 from engine.llada2 import LLaDA2MoeModelLM
 from engine.model import LLaDAModelLM
+from engine.quantization import BlockStreamer, check_quantization, quantize_from_env, quantize_mode, quantized_dtype
 
 DiffusionLM = LLaDAModelLM | DreamModelLM | LLaDA2MoeModelLM
 # One model class per family; each takes its config and has the forward contract engine/batch.py uses.
@@ -113,7 +114,11 @@ def compile_model(model: DiffusionLM) -> DiffusionLM:
 
 
 def load_model(
-    model_dir: Path, device: str | torch.device, dtype: torch.dtype | None = None, compile: bool | None = None
+    model_dir: Path,
+    device: str | torch.device,
+    dtype: torch.dtype | None = None,
+    compile: bool | None = None,
+    quantize: str | None = None,
 ) -> DiffusionLM:
     """Build the model on the meta device, then read each tensor straight onto `device` in `dtype`.
 
@@ -123,13 +128,18 @@ def load_model(
     The family (LLaDA, Dream or LLaDA2) comes from config.json (`engine.config.read_config`); its own tensor names
     must match exactly, so a checkpoint of another architecture fails here rather than computing garbage.
     compile: `torch.compile` the transformer blocks (`compile_model`); None → DLLM_COMPILE (off unless 1).
+    quantize: none, int8, int4 or fp8 (engine/quantization.py): each block's linear layers are quantized as
+        soon as the block's tensors are read; None → DLLM_QUANTIZE (none unless set).
     """
     compile = compile_from_env() if compile is None else compile
+    quantize = quantize_from_env() if quantize is None else quantize_mode(quantize)
     config = read_config(model_dir)
-    dtype = dtype or default_dtype(device)
+    dtype = quantized_dtype(quantize, dtype) or default_dtype(device)
+    check_quantization(quantize, device, dtype)
     with torch.device("meta"):
         model = MODEL_CLASSES[type(config)](config)
     expected = set(model.state_dict())
+    streamer = BlockStreamer(model, transformer_blocks(model), quantize)
     state: dict[str, torch.Tensor] = {}
     target = str(torch.device(device))
     for file in weight_files(model_dir):
@@ -137,10 +147,13 @@ def load_model(
             for name in shard.keys():
                 if name not in expected:
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a {config.family} checkpoint?")
-                state[name] = shard.get_tensor(name).to(dtype)
-    missing = expected - set(state)
+                kept = streamer.take(name, shard.get_tensor(name).to(dtype))  # None: quantized with its block
+                if kept is not None:
+                    state[name] = kept
+    missing = expected - set(state) - streamer.taken
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]!r}")
-    model.load_state_dict(state, assign=True)
+    model.load_state_dict(state, assign=True, strict=not streamer.taken)  # the streamer loaded the rest
     model.eval().requires_grad_(False)
+    streamer.finish()
     return compile_model(model) if compile else model

@@ -56,6 +56,8 @@ METRICS = {
     "dllm_requests_preparing": ("gauge", "Requests being tokenized and validated, or queued for it."),
     "dllm_kv_cache_bytes": ("gauge", "KV-cache memory reserved by running requests (Fast-dLLM or LLaDA2 block cache)."),
     "dllm_kv_cache_budget_bytes": ("gauge", "KV-cache memory running requests may reserve together."),
+    "dllm_model_weight_bytes": ("gauge", "Bytes of the loaded model's weights (quantized ones at their packed size)."),
+    "dllm_model_quantization_info": ("gauge", "Always 1; its label says the loaded weights' quantization."),
     "dllm_requests_total": ("counter", "Requests accepted by the scheduler (rejected-as-overloaded excluded)."),
     "dllm_requests_cancelled_total": ("counter", "Requests cancelled by their consumer (client disconnect)."),
     "dllm_requests_overloaded_total": ("counter", "Requests refused because the engine was at capacity (HTTP 429)."),
@@ -74,6 +76,8 @@ class EngineStats:
         self.requests_preparing = 0
         self.kv_cache_bytes = 0
         self.kv_cache_budget_bytes = 0
+        self.model_weight_bytes = 0
+        self.quantization = "none"
         self.requests_total = 0
         self.requests_cancelled_total = 0
         self.requests_overloaded_total = 0
@@ -106,6 +110,11 @@ class EngineStats:
         with self._lock:
             self.kv_cache_budget_bytes = budget_bytes
 
+    def set_model(self, weight_bytes: int, quantization: str) -> None:
+        with self._lock:
+            self.model_weight_bytes = weight_bytes
+            self.quantization = quantization
+
     def forward_done(self, batch_size: int, tokens_committed: int) -> None:
         with self._lock:
             self.forward_passes_total += 1
@@ -131,6 +140,8 @@ class EngineStats:
                 "dllm_requests_preparing": self.requests_preparing,
                 "dllm_kv_cache_bytes": self.kv_cache_bytes,
                 "dllm_kv_cache_budget_bytes": self.kv_cache_budget_bytes,
+                "dllm_model_weight_bytes": self.model_weight_bytes,
+                "dllm_model_quantization_info": {"labels": {"quantization": self.quantization}, "value": 1},
                 "dllm_requests_total": self.requests_total,
                 "dllm_requests_cancelled_total": self.requests_cancelled_total,
                 "dllm_requests_overloaded_total": self.requests_overloaded_total,
@@ -153,6 +164,9 @@ class EngineStats:
             if kind == "histogram":
                 lines += [f'{name}_bucket{{le="{le}"}} {count}' for le, count in value["buckets"].items()]
                 lines += [f"{name}_sum {_number(value['sum'])}", f"{name}_count {value['count']}"]
+            elif isinstance(value, dict):  # an info gauge: its labels carry the information
+                labels = ",".join(f'{key}="{text}"' for key, text in value["labels"].items())
+                lines.append(f"{name}{{{labels}}} {value['value']}")
             else:
                 lines.append(f"{name} {value}")
         return "\n".join(lines) + "\n"

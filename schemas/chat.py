@@ -299,6 +299,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "dllm-serve"
     max_sequence_length: int | None = None
+    # Weight-only quantization of the loaded weights (DLLM_QUANTIZE): none, int8, int4 or fp8.
+    quantization: str = "none"
 
 
 class ModelList(BaseModel):

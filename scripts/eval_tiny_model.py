@@ -8,7 +8,8 @@ use number words, small talk, and other prompts (the help answer). Also: mean fo
 and the share of answers that ended with end-of-turn/EOS (finish_reason "stop").
 
 Usage: python scripts/eval_tiny_model.py [--model DIR] [--gen-length 32 --block-length 32 --steps 32
-       --temperature 0 --use-local-leap] [--limit N] [--rows tasks]   (--rows tasks: the task rows only)
+       --temperature 0 --use-local-leap] [--limit N] [--rows tasks] [--quantize int8]
+       (--rows tasks: the task rows only; --quantize: none, int8 or int4 weights, engine/quantization.py)
 """
 
 from __future__ import annotations
@@ -103,11 +104,13 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=400, help="number of held-out prompts")
     ap.add_argument("--batch", type=int, default=32, help="requests per forward pass (1 = plain generate)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quantize", default="none", help="weight-only quantization: none, int8, int4")
+    ap.add_argument("--dtype", default=None, help="model dtype (default float32 on the CPU)")
     ap.add_argument("--rows", choices=("all", "tasks"), default="all", help="tasks: skip the conversation rows")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    engine = DiffusionEngine.from_pretrained(args.model, device="cpu")
+    engine = DiffusionEngine.from_pretrained(args.model, device="cpu", dtype=args.dtype, quantize=args.quantize)
     params = SamplingParams(
         gen_length=args.gen_length,
         block_length=args.block_length,
@@ -119,7 +122,8 @@ def main() -> None:
     leap = "on" if params.use_local_leap else "off"
     print(
         f"model {engine.model_name}: gen {params.gen_length}, block {params.block_length}, "
-        f"{params.num_denoising_steps} steps, T={params.temperature}, LocalLeap {leap}"
+        f"{params.num_denoising_steps} steps, T={params.temperature}, LocalLeap {leap}, "
+        f"{next(engine.model.parameters()).dtype}, quantization {engine.quantization}"
     )
     report(engine, params, args.limit, args.batch, tasks_only=args.rows == "tasks")
 

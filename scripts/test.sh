@@ -2,7 +2,7 @@
 # Sets up .venv (scripts/setup.sh) and runs the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,bench,clients  # clients: the third-party clients the tests run
+bash scripts/setup.sh test,bench,clients,quant  # clients: the third-party clients the tests run; quant: torchao
 . .venv/bin/activate
 # tests/test_playground.py drives the OS's Chromium (Playwright's own browser download is not used). As root on
 # Debian (CI) it is installed here; elsewhere those tests are skipped, saying why.

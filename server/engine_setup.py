@@ -1,7 +1,7 @@
 """The engine from the environment: its settings checked before any worker starts, then loaded in the worker.
 
-The settings are DLLM_MODEL, DLLM_DEVICE, DLLM_DTYPE, DLLM_COMPILE and the scheduler's (docs/deploy.md has
-the table). The service's `@bentoml.on_deployment` hook calls `check_in_child_process` once, in the
+The settings are DLLM_MODEL, DLLM_DEVICE, DLLM_DTYPE, DLLM_COMPILE, DLLM_QUANTIZE and the scheduler's
+(docs/deploy.md has the table). The service's `@bentoml.on_deployment` hook calls `check_in_child_process` once, in the
 `bentoml serve` process: an invalid setting then stops the command with a message naming it, where a worker
 failing its startup would be restarted by BentoML forever. The check imports the engine, hence torch, so it
 runs in a child process: the long-lived `bentoml serve` process never loads torch. `load_from_env` is the
@@ -52,19 +52,24 @@ def check_engine_configuration() -> None:
     """
     from engine import SchedulerConfig
     from engine.config import read_config
-    from engine.loading import compile_from_env, dtype_from_name, local_model_dir
+    from engine.loading import compile_from_env, default_device, default_dtype, dtype_from_name, local_model_dir
+    from engine.quantization import check_quantization, quantize_from_env, quantized_dtype
 
     SchedulerConfig.from_env()
     compile_from_env()
-    if dtype := os.environ.get("DLLM_DTYPE"):
-        dtype_from_name(dtype)
-    if device := os.environ.get("DLLM_DEVICE"):
+    quantize = quantize_from_env()
+    dtype = dtype_from_name(raw_dtype) if (raw_dtype := os.environ.get("DLLM_DTYPE")) else None
+    device = os.environ.get("DLLM_DEVICE") or None
+    if device:
         import torch
 
         try:
             torch.device(device)
         except RuntimeError as error:
             raise ValueError(f"DLLM_DEVICE={device!r}: {error}") from None
+    device = device or default_device()
+    dtype = quantized_dtype(quantize, dtype) or default_dtype(device)
+    check_quantization(quantize, device, dtype, setting="DLLM_QUANTIZE")
     model = os.environ.get("DLLM_MODEL") or None
     try:
         local = local_model_dir(model)  # None for a hub id
@@ -94,10 +99,11 @@ def load_from_env() -> DiffusionEngine:
     started = time.perf_counter()
     engine = DiffusionEngine.from_pretrained(model, device=device, dtype=dtype)
     logger.info(
-        "loaded %s on %s (%s) in %.1fs; scheduler %s",
+        "loaded %s on %s (%s, quantization %s) in %.1fs; scheduler %s",
         engine.model_name,
         engine.device,
         next(engine.model.parameters()).dtype,
+        engine.quantization,
         time.perf_counter() - started,
         engine.scheduler_config,
     )

@@ -63,6 +63,7 @@ def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
         assert row["outside_forward_share"] == pytest.approx(row["sampler_share"] + row["scheduler_share"])
 
 
+@pytest.mark.slow  # the script, in a subprocess
 def test_gpu_benchmark_tiny_llada2_runs_the_cached_block_step(tmp_path):
     out = tmp_path / "gpu-llada2.json"
     done = subprocess.run(
@@ -105,6 +106,42 @@ def test_llada2_mini_shapes_and_parameter_counts():
     assert parameter_counts(LLADA2_MINI) == (total, total - (layers - 1) * (256 - 8) * expert)
     assert total == pytest.approx(16.26e9, rel=1e-3)
     assert total - (layers - 1) * 248 * expert == pytest.approx(1.43e9, rel=1e-2)
+
+
+@pytest.mark.slow  # the script, in a subprocess
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_gpu_benchmark_quantize_flag_quantizes_the_blocks_and_reports_it(tmp_path, mode):
+    pytest.importorskip("torchao", reason="--quantize needs the quant extra")
+    out = tmp_path / "gpu.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--tiny", "--quantize", mode, "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"quantize: {mode}" in done.stdout
+    assert f"(14 of 14 layers quantized: {mode})" in done.stdout  # 2 blocks x 7 linear layers
+    report = json.loads(out.read_text())
+    assert report["quantize"] == mode and report["dtype"] == "bfloat16"  # a quantized model runs in bf16
+    assert report["quantized_layers"] == 14
+    assert report["block_weight_ratio_to_bf16"] <= {"int8": 0.55, "int4": 0.35}[mode]
+    assert len(report["forward"]) == 8 and len(report["end_to_end"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"), [("int3", "invalid choice: 'int3'"), ("fp8", "--quantize=fp8 needs a CUDA GPU")]
+)
+def test_gpu_benchmark_refuses_a_bad_quantize_value(flag, message):
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--tiny", "--quantize", flag],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert done.returncode != 0 and message in done.stderr
 
 
 def test_flop_formula_at_llada_8b_scale():

@@ -23,6 +23,8 @@ METRIC_NAMES = [
     "dllm_requests_preparing",
     "dllm_kv_cache_bytes",
     "dllm_kv_cache_budget_bytes",
+    "dllm_model_weight_bytes",
+    "dllm_model_quantization_info",
     "dllm_requests_total",
     "dllm_requests_cancelled_total",
     "dllm_requests_overloaded_total",

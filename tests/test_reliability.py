@@ -482,6 +482,8 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
             ("DLLM_MAX_BATCH_SIZE", "0"),
             ("DLLM_HEADER_TIMEOUT_S", "-1"),
             ("DLLM_MODEL", "/nonexistent/checkpoint"),
+            ("DLLM_QUANTIZE", "int3"),
+            ("DLLM_QUANTIZE", "fp8"),  # on a CPU
         ]
     ],
 )
