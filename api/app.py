@@ -89,7 +89,10 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)], tags=["OpenA
 
 def model_card(request: Request, engine: DiffusionEngine) -> ModelCard:
     return ModelCard(
-        id=engine.model_name, created=request.app.state.started_at, max_sequence_length=engine.max_sequence_length
+        id=engine.model_name,
+        created=request.app.state.started_at,
+        max_sequence_length=engine.max_sequence_length,
+        family=engine.family,
     )
 
 
@@ -160,7 +163,7 @@ async def generate(
 ) -> Response:
     """Both endpoints from a validated request on: engine events in, a response or an event stream out."""
     request.state.logged = generation.logged_fields()
-    params = sampling_params(generation)
+    params = sampling_params(generation, engine.sampler_defaults)
     created = int(time.time())
     events = engine.astream(generation.engine_prompt(), params)
 

@@ -145,7 +145,7 @@ class Knob:
         allowed, what = (int, "an integer") if self.kind == "integer" else ((int, float), "a number")
         if isinstance(value, bool) or not isinstance(value, allowed):
             raise InvalidParameter(self.name, f"must be {what}, got {value!r}")
-        low, high = (self._bound(b, params) for b in (self.minimum, self.maximum))
+        low, high = (params.bound_of(self.name, b) for b in (self.minimum, self.maximum))
         # Written as what is inside the range, so that NaN (never inside) is refused too.
         above_low = low is None or value > low or (value == low and not self.exclusive_minimum)
         below_high = high is None or value <= high
@@ -166,10 +166,6 @@ class Knob:
     def _requirement(self) -> str:
         """How the docs and errors name what this knob needs: "use_local_leap: true", "editing_threshold set"."""
         return f"{self.requires}: true" if KNOB[self.requires].kind == "switch" else f"{self.requires} set"
-
-    @staticmethod
-    def _bound(bound: int | float | str | None, params: SamplingParams) -> int | float | None:
-        return getattr(params, bound) if isinstance(bound, str) else bound
 
     def _checked_strings(self, value: Any) -> tuple[str, ...]:
         strings = () if value is None else (value,) if isinstance(value, str) else value
@@ -396,11 +392,7 @@ class SamplingParams:
     def _apply_rules(self) -> None:
         """The rules between knobs, and the defaults that depend on other knobs."""
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
-        if self.gen_length % self.block_length:
-            raise InvalidParameter(
-                "block_length",
-                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
-            )
+        self._check_blocks()
         if self.seed is None:
             set_("seed", secrets.randbits(63))
         if self.editing_threshold is not None:
@@ -411,6 +403,17 @@ class SamplingParams:
             self._resolve_steps(set_)
         if self.confidence_threshold is not None:
             self._check_threshold()
+
+    def bound_of(self, knob_name: str, bound: int | float | str | None) -> int | float | None:
+        """A knob's bound as it applies to these parameters: a number, or the value of the knob it names."""
+        return getattr(self, bound) if isinstance(bound, str) else bound
+
+    def _check_blocks(self) -> None:
+        if self.gen_length % self.block_length:
+            raise InvalidParameter(
+                "block_length",
+                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
+            )
 
     def _check_editing(self) -> None:
         if self.num_denoising_steps is not None:
@@ -452,6 +455,29 @@ class SamplingParams:
                 f"gives {self.steps_per_block} steps per block, more than block_length ({self.block_length}): "
                 "every step must commit at least one token",
             )
+
+    @classmethod
+    def for_model(cls, defaults: Any = None, **knobs: Any) -> SamplingParams:
+        """The parameters a request for a model family runs with: `knobs` as given, and what they leave out
+        taken from the family's `defaults` (engine/config.py `SamplerDefaults`; None: the engine's own).
+
+        Only block diffusion (LLaDA2) has defaults here, its authors' settings: a block length, and a
+        confidence threshold (LLaDA2.0's, or LLaDA2.1's once `editing_threshold` is given). Its blocks are
+        aligned to position 0 on a canvas rounded up to whole blocks, so its parameters are
+        `BlockDiffusionParams`: gen_length need not be a multiple of block_length. The schedule and the
+        metric are filled in later, by `with_model_defaults`.
+        """
+        if defaults is None or not defaults.aligned_blocks:
+            return cls(**knobs)
+        knobs = {name: value for name, value in knobs.items() if value is not None}
+        knobs.setdefault("block_length", defaults.block_length)
+        editing = knobs.get("editing_threshold") is not None
+        threshold = defaults.editing_confidence_threshold if editing else defaults.confidence_threshold
+        # Not beside the knobs a threshold excludes: the family refuses those itself, naming them
+        # (engine/family_rules.py), where a default threshold would have the error blame it instead.
+        if not knobs.get("use_local_leap") and knobs.get("block_schedule", "uniform") == "uniform":
+            knobs.setdefault("confidence_threshold", threshold)
+        return BlockDiffusionParams(**knobs)
 
     def with_model_defaults(self, block_schedule: str, confidence_metric: str) -> SamplingParams:
         """These parameters with the fields left to the model (None) set to the model family's defaults.
@@ -495,6 +521,30 @@ class SamplingParams:
             # "everything left" changes nothing, since each earlier forward committed at least one token.
             return self.block_length
         return self.num_denoising_steps // self.num_blocks
+
+
+@dataclass(frozen=True)
+class BlockDiffusionParams(SamplingParams):
+    """Parameters for a block-diffusion model (LLaDA2), whose blocks are aligned to absolute position 0.
+
+    The canvas is the prompt plus gen_length rounded up to whole blocks (engine/block_sampler.py), as the
+    official generate() builds it, and the positions past gen_length are denoised but never returned. So
+    gen_length need not be a multiple of block_length, nor at least as long: `max_tokens: 100` with blocks
+    of 32 runs four blocks (or five, when the prompt ends inside one) and returns 100 tokens at most. A step
+    count is counted over ceil(gen_length / block_length) blocks.
+    """
+
+    def bound_of(self, knob_name: str, bound: int | float | str | None) -> int | float | None:
+        if knob_name == "block_length" and bound == "gen_length":
+            return None  # a block may run past the answer: the canvas is rounded up to whole blocks
+        return super().bound_of(knob_name, bound)
+
+    def _check_blocks(self) -> None:
+        pass  # any gen_length: the canvas is rounded up to whole blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.gen_length // self.block_length)
 
 
 @functools.cache

@@ -58,7 +58,7 @@ async def text_events(
     if engine is None:
         raise APIError.not_ready()
     chat = chat_request(prompt, system_prompt, settings)
-    events = engine.astream(chat.engine_prompt(), sampling_params(chat))
+    events = engine.astream(chat.engine_prompt(), sampling_params(chat, engine.sampler_defaults))
     try:
         first = await anext(events)
     except Exception as error:
