@@ -61,7 +61,10 @@ def sse_event(payload: BaseModel | dict) -> str:
 
 def step_diffusion(event: StepEvent, token_text: Callable[[int], str]) -> StepDiffusion:
     def tokens(pairs: list[tuple[int, int]]) -> list[CommittedToken]:
-        return [CommittedToken(position=position, token_id=token_id, text=token_text(token_id)) for position, token_id in pairs]
+        return [
+            CommittedToken(position=position, token_id=token_id, text=token_text(token_id))
+            for position, token_id in pairs
+        ]
 
     return StepDiffusion(
         step=event.step,

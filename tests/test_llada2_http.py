@@ -185,9 +185,7 @@ def test_a_real_server_streams_through_the_openai_sdk(tmp_path):
         assert [m.family for m in sdk.models.list().data] == ["llada2"]
         extra = {"editing_threshold": 0.0}
         whole = sdk.chat.completions.create(model="x", messages=MESSAGES, max_tokens=40, extra_body=extra)
-        stream = sdk.chat.completions.create(
-            model="x", messages=MESSAGES, max_tokens=40, stream=True, extra_body=extra
-        )
+        stream = sdk.chat.completions.create(model="x", messages=MESSAGES, max_tokens=40, stream=True, extra_body=extra)
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == whole.choices[0].message.content
