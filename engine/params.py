@@ -226,23 +226,28 @@ class SamplingParams:
         "integer",
         minimum=1,
         maximum="gen_length",
-        default_doc="gen_length",
+        default_doc="gen_length (llada2: 32)",
         default_from="gen_length",
         resolved=True,
-        help="tokens per block; gen_length must be a multiple of it",
+        help="tokens per block; gen_length must be a multiple of it (llada2: any gen_length)",
         doc="Tokens per block; gen_length must be a multiple of it. Blocks are denoised left to right "
-        "(semi-autoregressive); the default is one fully bidirectional block.",
+        "(semi-autoregressive); the default is one fully bidirectional block. On llada2 (block diffusion) the "
+        "default is 32, the block length it was trained with, blocks are aligned to position 0 of the prompt "
+        "and the canvas is rounded up to whole blocks: any gen_length works, and the positions past it are "
+        "denoised but not returned.",
     )
     num_denoising_steps: int | None = knob(
         "integer",
         minimum=1,
         maximum=MAX_STEPS,
-        default_doc=f"min({DEFAULT_STEPS}, gen_length)",
+        default_doc=f"min({DEFAULT_STEPS}, gen_length); llada2: unset",
         help="forward passes over the canvas",
         doc="Forward passes over the canvas (before early exit). Must be a multiple of the number of blocks "
-        "(gen_length / block_length) and give at most block_length steps per block. Fewer steps commit more "
-        "tokens per step: faster, usually less accurate. Not with `confidence_threshold` (reported as null "
-        "then: the threshold decides the number of forward passes).",
+        "(gen_length / block_length, rounded up on llada2) and give at most block_length steps per block. Fewer "
+        "steps commit more tokens per step: faster, usually less accurate. Not with `confidence_threshold` "
+        "(reported as null then: the threshold decides the number of forward passes), except on llada2, where "
+        "the steps per block set each forward's minimum quota beside the threshold (the official `steps`; unset, "
+        "one token per forward). Not with `editing_threshold`.",
     )
     block_schedule: BlockSchedule | None = knob(
         "choice",
@@ -335,12 +340,16 @@ class SamplingParams:
         minimum=0,
         maximum=1,
         exclusive_minimum=True,
-        default_doc="off",
+        default_doc="off (llada2: 0.95; 0.7 with editing_threshold)",
         help="commit every position with confidence ≥ τ (plus the surest) per step, instead of a step count",
         doc="Fast-dLLM's threshold decoding: a step commits every masked position of the block whose confidence "
         "(per `confidence_metric`) is ≥ τ, plus always the most confident one; a block takes the steps it needs. "
         'Not with `num_denoising_steps`, a `block_schedule` other than "uniform", or `use_local_leap`. Works '
-        "with every `kv_cache`; Fast-dLLM's setting is 0.9 with `block_length` 32 and a cache.",
+        "with every `kv_cache`; Fast-dLLM's setting is 0.9 with `block_length` 32 and a cache. On llada2 it is "
+        "the official sampler's `threshold` and on by default (0.95, LLaDA2.0's; 0.7 once `editing_threshold` "
+        "selects LLaDA2.1's, its quality mode): a forward commits every masked position strictly above τ if "
+        "there are at least the step's quota of them, else the quota's most confident; 1 commits by the quota "
+        "alone.",
     )
     stop: tuple[str, ...] | str | None = knob(
         "strings",
@@ -363,7 +372,9 @@ class SamplingParams:
         doc="Selects LLaDA2.1's sampler: besides filling masks, each forward overwrites every already written "
         "(non-prompt) token of the block whose best candidate is another token with confidence strictly above "
         "this; 1 never edits. A block ends after a forward that finds no mask and edits nothing. Not with "
-        "`num_denoising_steps` (this sampler has no schedule).",
+        "`num_denoising_steps` (this sampler has no schedule). LLaDA2.1's model card: quality mode 0.5 with "
+        "`confidence_threshold` 0.7 (its default here once this is set), speed mode 0 with 0.5. A stream sends "
+        "a block's text once the block is closed, since until then an edit could change it.",
     )
     max_post_steps: int | None = knob(
         "integer",
