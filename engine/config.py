@@ -260,7 +260,8 @@ class LLaDA2Config:
     # No schedule choice and one confidence metric: the official samplers rank by the top-1 probability. The
     # authors' settings: blocks of 32 and LLaDA2.0's threshold decoding at 0.95 (the official generate()'s
     # default, SGLang's LowConfidence default); with editing_threshold set (LLaDA2.1), 0.7, the threshold of
-    # the model card's quality mode (its speed mode, 0.5 with editing_threshold 0, is one request away).
+    # LLaDA2.1's quality mode (diffusers' LLaDA2 pipeline docs: 0.7 with editing 0.5); the speed mode (0.5
+    # with editing 0, SGLang's JointThreshold defaults) is one request away.
     sampler_defaults: ClassVar[SamplerDefaults] = SamplerDefaults(
         "uniform",
         "top1_prob",

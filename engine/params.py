@@ -372,9 +372,9 @@ class SamplingParams:
         doc="Selects LLaDA2.1's sampler: besides filling masks, each forward overwrites every already written "
         "(non-prompt) token of the block whose best candidate is another token with confidence strictly above "
         "this; 1 never edits. A block ends after a forward that finds no mask and edits nothing. Not with "
-        "`num_denoising_steps` (this sampler has no schedule). LLaDA2.1's model card: quality mode 0.5 with "
-        "`confidence_threshold` 0.7 (its default here once this is set), speed mode 0 with 0.5. A stream sends "
-        "a block's text once the block is closed, since until then an edit could change it.",
+        "`num_denoising_steps` (this sampler has no schedule). LLaDA2.1's quality mode is 0.5 with "
+        "`confidence_threshold` 0.7 (its default here once this is set), its speed mode 0 with 0.5. A stream "
+        "sends a block's text once the block is closed, since until then an edit could change it.",
     )
     max_post_steps: int | None = knob(
         "integer",
