@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.family_rules import BLOCK_DIFFUSION_FAMILIES, BLOCK_DIFFUSION_FIXED
 from engine.params import DEFAULT_STEPS, KNOB, KNOBS, LOCAL_LEAP_DEFAULTS, SamplingParams
 from schemas.chat import ChatCompletionRequest
 
@@ -98,18 +97,16 @@ def default_notes(engine: Any) -> dict[str, str]:
     }
 
 
-def offered(name: str, family: str) -> bool:
-    """Whether the form offers a field on this family: not a knob the family refuses (its spec's families, or
-    block diffusion's fixed knobs and what they switch on)."""
+def offered(name: str, engine: Any) -> bool:
+    """Whether the form offers a field on this engine's family: not a knob the family refuses (its spec's
+    families, or the family's fixed knobs and what they switch on)."""
     spec = KNOB.get(name)
     if spec is None:
         return True
-    if spec.families is not None and family not in spec.families:
+    if spec.families is not None and engine.family not in spec.families:
         return False
-    fixed = family in BLOCK_DIFFUSION_FAMILIES and (
-        name in BLOCK_DIFFUSION_FIXED or spec.requires in BLOCK_DIFFUSION_FIXED
-    )
-    return not fixed
+    fixed = engine.sampler_defaults.fixed_knobs
+    return name not in fixed and spec.requires not in fixed
 
 
 def page_settings(engine: Any) -> dict[str, Any]:
@@ -127,7 +124,7 @@ def page_settings(engine: Any) -> dict[str, Any]:
             "controls": [
                 control(name, properties[name], defaults[name], **overrides.get(name, {}))
                 for name in names
-                if offered(name, engine.family)
+                if offered(name, engine)
             ],
         }
         for title, names in CONTROL_GROUPS

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from engine.family_rules import BLOCK_DIFFUSION_FIXED
+
 # LLaDA-8B's special ids, used when a checkpoint does not declare its own.
 LLADA_MASK_ID = 126336
 LLADA_EOS_ID = 126081
@@ -36,7 +38,8 @@ class SamplerDefaults:
     block-diffusion family's (LLaDA2), applied by `SamplingParams.for_model` to what a request leaves out:
     its block length, its confidence threshold (one for LLaDA2.0's sampler, one once `editing_threshold`
     selects LLaDA2.1's), and `aligned_blocks`: blocks are aligned to position 0 and the canvas is rounded up
-    to whole blocks, so the answer's length need not be a multiple of the block length.
+    to whole blocks, so the answer's length need not be a multiple of the block length. `fixed_knobs`: the
+    knobs the family refuses any setting of (engine/family_rules.py), which a form for it leaves out.
     """
 
     block_schedule: str
@@ -46,6 +49,7 @@ class SamplerDefaults:
     confidence_threshold: float | None = None
     editing_confidence_threshold: float | None = None
     aligned_blocks: bool = False
+    fixed_knobs: tuple[str, ...] = ()
 
 
 # Flags this implementation assumes; any other value is a different architecture.
@@ -269,6 +273,7 @@ class LLaDA2Config:
         confidence_threshold=0.95,
         editing_confidence_threshold=0.7,
         aligned_blocks=True,
+        fixed_knobs=BLOCK_DIFFUSION_FIXED,
     )
 
     hidden_size: int

@@ -246,7 +246,7 @@ class DiffusionEngine:
         canvas = -(-(len(ids) + params.gen_length) // block) * block
         if canvas > self.max_sequence_length:
             raise InvalidParameter(
-                "gen_length",
+                "block_length" if block > params.gen_length else "gen_length",  # the one to make smaller
                 f"the prompt ({len(ids)} tokens) plus the canvas ({params.gen_length} tokens), rounded up to whole "
                 f"blocks of {block}, is {canvas} tokens, more than the model's maximum sequence length "
                 f"({self.max_sequence_length})",

@@ -64,6 +64,7 @@ def test_a_request_that_names_no_settings_runs_the_authors_sampler(client, llada
     resolved = body["diffusion"]
     # LLaDA2.0's threshold decoding with blocks of 32 (engine/config.py, LLaDA2Config.sampler_defaults).
     assert resolved["block_length"] == 32 and resolved["confidence_threshold"] == 0.95
+    assert resolved["num_blocks"] == 2  # ceil(40 / 32): the answer's blocks
     assert resolved["num_denoising_steps"] is None and resolved["editing_threshold"] is None
     assert resolved["block_schedule"] == "uniform" and resolved["confidence_metric"] == "top1_prob"
     # 40 is not a multiple of 32: the canvas is rounded up to whole blocks and 40 tokens come back.
