@@ -38,6 +38,7 @@ Seed = native_argument("seed")
 LocalLeap = native_argument("use_local_leap")
 KVCache = native_argument("kv_cache")
 Threshold = native_argument("confidence_threshold")
+EditingThreshold = native_argument("editing_threshold")  # LLaDA2.1's sampler (refused on other families)
 
 
 def chat_request(prompt: str, system_prompt: str | None, settings: dict[str, Any]) -> ChatCompletionRequest:

@@ -177,6 +177,7 @@ def test_models_says_the_family(client):
 
 def test_a_real_server_streams_through_the_openai_sdk(tmp_path):
     """`DLLM_MODEL=<a LLaDA2 checkpoint> bentoml serve`, and the openai SDK as the client."""
+    import httpx
     from openai import OpenAI
 
     from tests.conftest import running_server
@@ -193,3 +194,12 @@ def test_a_real_server_streams_through_the_openai_sdk(tmp_path):
         steps = [c for c in chunks if c.model_extra.get("diffusion", {}).get("step") is not None]
         assert len(steps) == whole.model_extra["diffusion"]["num_forward_passes"]
         assert any(s.model_extra["diffusion"]["edited"] for s in steps)
+        # BentoML's own API takes the same knobs, with the family's defaults and refusals.
+        native = httpx.post(
+            f"{server.base_url}/generate",
+            json={"prompt": MESSAGES[0]["content"], "max_tokens": 40, **extra},
+            timeout=120,
+        )
+        assert native.status_code == 200 and native.text == whole.choices[0].message.content
+        refused = httpx.post(f"{server.base_url}/generate", json={"prompt": "Hi", "kv_cache": "dual"}, timeout=120)
+        assert refused.status_code == 400 and "kv_cache" in refused.text
