@@ -69,6 +69,7 @@ class Input(bentoml.IODescriptor):
     use_local_leap: native.LocalLeap = None
     kv_cache: native.KVCache = None
     confidence_threshold: native.Threshold = None
+    editing_threshold: native.EditingThreshold = None
 
 
 @bentoml.asgi_app(app, path="/")

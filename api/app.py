@@ -93,6 +93,7 @@ def model_card(request: Request, engine: DiffusionEngine) -> ModelCard:
         created=request.app.state.started_at,
         max_sequence_length=engine.max_sequence_length,
         quantization=engine.quantization,
+        family=engine.family,
     )
 
 
@@ -163,7 +164,7 @@ async def generate(
 ) -> Response:
     """Both endpoints from a validated request on: engine events in, a response or an event stream out."""
     request.state.logged = generation.logged_fields()
-    params = sampling_params(generation)
+    params = sampling_params(generation, engine.sampler_defaults)
     created = int(time.time())
     events = engine.astream(generation.engine_prompt(), params)
 

@@ -9,6 +9,7 @@ The error envelope and every (status, type, code) triple live in schemas/errors.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
@@ -62,10 +63,11 @@ def engine_error(error: Exception, generation: GenerationRequest) -> APIError | 
     return None
 
 
-def sampling_params(generation: GenerationRequest) -> SamplingParams:
+def sampling_params(generation: GenerationRequest, defaults: Any = None) -> SamplingParams:
     """The engine's parameters for a request the schema typed: where the knobs' ranges and rules are checked
-    (once, by `SamplingParams`), a broken one failing as the 400 on the request's field."""
+    (once, by `SamplingParams`), a broken one failing as the 400 on the request's field. `defaults`: the loaded
+    model family's sampler settings (`engine.sampler_defaults`), for what the request leaves out."""
     try:
-        return generation.sampling_params()
+        return generation.sampling_params(defaults)
     except InvalidParameter as error:
         raise invalid_parameter_error(error, generation) from None

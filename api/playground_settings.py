@@ -3,16 +3,18 @@
 The ranges, choices and help texts are the request schema's (`schemas.chat.ChatCompletionRequest`, the source
 of /openapi.json too, itself derived from the knobs' definitions in engine.params); which switch a setting
 needs is its knob's; the defaults are the engine's, resolved for the loaded model (its family's schedule and
-metric); the canvas limit is the model's maximum sequence length. A default of None means the server decides
-per request (block_length and num_denoising_steps follow the canvas, the seed is drawn, the threshold is
-off): the page leaves such a field empty, and an empty field is omitted from the request.
+metric, LLaDA2's block length); the canvas limit is the model's maximum sequence length. A default of None
+means the server decides per request (block_length and num_denoising_steps follow the canvas, the seed is
+drawn, the threshold is off or the family's): the page leaves such a field empty, and an empty field is
+omitted from the request. The form offers only the knobs the loaded family takes: no token editing on LLaDA
+or Dream, no schedule, metric, LocalLeap or approximate cache on LLaDA2.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.params import DEFAULT_STEPS, KNOBS, SamplingParams
+from engine.params import DEFAULT_STEPS, KNOB, KNOBS, LOCAL_LEAP_DEFAULTS, SamplingParams
 from schemas.chat import ChatCompletionRequest
 
 # The request fields the page offers, grouped as the form shows them.
@@ -28,6 +30,9 @@ CONTROL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "local_leap_radius",
             "kv_cache",
             "confidence_threshold",
+            "editing_threshold",
+            "max_post_steps",
+            "min_tokens_per_step",
         ),
     ),
 )
@@ -54,34 +59,54 @@ def control(name: str, schema: dict[str, Any], default: Any, **overrides: Any) -
 
 def resolved_defaults(engine: Any) -> dict[str, Any]:
     """What each offered field is when a request omits it, on this engine (None: decided per request)."""
-    family = engine.model.config.sampler_defaults
-    # LocalLeap on only so that its thresholds resolve; otherwise a request that names nothing.
-    params = SamplingParams(use_local_leap=True).with_model_defaults(family.block_schedule, family.confidence_metric)
+    family = engine.sampler_defaults
+    params = SamplingParams.for_model(family).with_model_defaults(family.block_schedule, family.confidence_metric)
     return {
         "max_tokens": params.gen_length,
-        "block_length": None,  # the canvas (one block)
-        "num_denoising_steps": None,  # follows the canvas
+        "block_length": family.block_length,  # None: the canvas (one block)
+        "num_denoising_steps": None,  # follows the canvas (or the threshold decides)
         "block_schedule": params.block_schedule,
         "confidence_metric": params.confidence_metric,
         "temperature": params.temperature,
         "seed": None,  # drawn per request, reported back
         "use_local_leap": False,
-        "local_leap_anchor_threshold": params.local_leap_anchor_threshold,
-        "local_leap_neighbor_threshold": params.local_leap_neighbor_threshold,
-        "local_leap_radius": params.local_leap_radius,
+        **LOCAL_LEAP_DEFAULTS,
         "kv_cache": params.kv_cache,
-        "confidence_threshold": params.confidence_threshold,  # off
+        "confidence_threshold": None,  # off, or the family's (which depends on editing_threshold)
+        "editing_threshold": None,  # off: LLaDA2.0's sampler
+        "max_post_steps": KNOB["max_post_steps"].when_on,
+        "min_tokens_per_step": KNOB["min_tokens_per_step"].when_on,
     }
 
 
-def default_notes() -> dict[str, str]:
+def default_notes(engine: Any) -> dict[str, str]:
     """What the form shows in an empty field whose default is decided per request."""
+    family = engine.sampler_defaults
+    if family.aligned_blocks:
+        return {
+            "num_denoising_steps": "none: the threshold decides",
+            "seed": "random",
+            "confidence_threshold": f"{family.confidence_threshold}; {family.editing_confidence_threshold} editing",
+            "editing_threshold": "off (LLaDA2.0's sampler)",
+        }
     return {
         "block_length": "the canvas",
         "num_denoising_steps": f"min({DEFAULT_STEPS}, canvas)",
         "seed": "random",
         "confidence_threshold": "off",
     }
+
+
+def offered(name: str, engine: Any) -> bool:
+    """Whether the form offers a field on this engine's family: not a knob the family refuses (its spec's
+    families, or the family's fixed knobs and what they switch on)."""
+    spec = KNOB.get(name)
+    if spec is None:
+        return True
+    if spec.families is not None and engine.family not in spec.families:
+        return False
+    fixed = engine.sampler_defaults.fixed_knobs
+    return name not in fixed and spec.requires not in fixed
 
 
 def page_settings(engine: Any) -> dict[str, Any]:
@@ -91,12 +116,16 @@ def page_settings(engine: Any) -> dict[str, Any]:
     # The schema bounds the canvas only below (the upper bound depends on the model and the prompt): the form
     # shows the model's, and the API reports the exact one for a given prompt.
     overrides: dict[str, dict[str, Any]] = {"max_tokens": {"maximum": engine.max_sequence_length}}
-    for name, note in default_notes().items():
+    for name, note in default_notes(engine).items():
         overrides.setdefault(name, {})["default_note"] = note
     groups = [
         {
             "title": title,
-            "controls": [control(name, properties[name], defaults[name], **overrides.get(name, {})) for name in names],
+            "controls": [
+                control(name, properties[name], defaults[name], **overrides.get(name, {}))
+                for name in names
+                if offered(name, engine)
+            ],
         }
         for title, names in CONTROL_GROUPS
     ]
@@ -104,6 +133,8 @@ def page_settings(engine: Any) -> dict[str, Any]:
     return {
         "model": engine.model_name,
         "family": engine.family,
+        # Block diffusion: blocks aligned to position 0 of the prompt, the canvas rounded up to whole blocks.
+        "aligned_blocks": engine.sampler_defaults.aligned_blocks,
         "max_sequence_length": engine.max_sequence_length,
         "stop_tokens": [{"token_id": i, "text": tokenizer.token_text(i)} for i in sorted(tokenizer.stop_ids)],
         "groups": groups,

@@ -273,7 +273,7 @@ class BlockDiffusionRequest:
         """
         before = self.final_until
         limit = self.params.gen_length
-        if self.editing and not everything:
+        if self.params.uses_editing and not everything:  # an editing_threshold of 1 never overwrites
             limit = min(limit, max(self.block_start - self.prompt_length, 0))
         while self.final_until < limit and self.generated[self.final_until] != self.mask_id:
             self.final_until += 1

@@ -16,10 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from engine.family_rules import BLOCK_DIFFUSION_FIXED
+
 # LLaDA-8B's special ids, used when a checkpoint does not declare its own.
 LLADA_MASK_ID = 126336
 LLADA_EOS_ID = 126081
 LLADA_EOT_ID = 126348
+
+# LLaDA2.x is trained with (and its authors decode with) blocks of 32 tokens.
+LLADA2_BLOCK_LENGTH = 32
 
 # Dream's linear-timestep schedule ends at t = eps instead of 0; its generation_config.json default.
 DREAM_TIMESTEP_EPS = 1e-3
@@ -29,12 +34,22 @@ DREAM_TIMESTEP_EPS = 1e-3
 class SamplerDefaults:
     """A family's own sampler settings: what a request that leaves these out runs with.
 
-    timestep_eps parameterises the "dream" block schedule (any family may ask for it).
+    timestep_eps parameterises the "dream" block schedule (any family may ask for it). The rest are the
+    block-diffusion family's (LLaDA2), applied by `SamplingParams.for_model` to what a request leaves out:
+    its block length, its confidence threshold (one for LLaDA2.0's sampler, one once `editing_threshold`
+    selects LLaDA2.1's), and `aligned_blocks`: blocks are aligned to position 0 and the canvas is rounded up
+    to whole blocks, so the answer's length need not be a multiple of the block length. `fixed_knobs`: the
+    knobs the family refuses any setting of (engine/family_rules.py), which a form for it leaves out.
     """
 
     block_schedule: str
     confidence_metric: str
     timestep_eps: float = DREAM_TIMESTEP_EPS
+    block_length: int | None = None
+    confidence_threshold: float | None = None
+    editing_confidence_threshold: float | None = None
+    aligned_blocks: bool = False
+    fixed_knobs: tuple[str, ...] = ()
 
 
 # Flags this implementation assumes; any other value is a different architecture.
@@ -246,8 +261,20 @@ class LLaDA2Config:
     """
 
     family: ClassVar[str] = "llada2"
-    # No schedule choice and one confidence metric: the official samplers rank by the top-1 probability.
-    sampler_defaults: ClassVar[SamplerDefaults] = SamplerDefaults("uniform", "top1_prob")
+    # No schedule choice and one confidence metric: the official samplers rank by the top-1 probability. The
+    # authors' settings: blocks of 32 and LLaDA2.0's threshold decoding at 0.95 (the official generate()'s
+    # default, SGLang's LowConfidence default); with editing_threshold set (LLaDA2.1), 0.7, the threshold of
+    # LLaDA2.1's quality mode (diffusers' LLaDA2 pipeline docs: 0.7 with editing 0.5); the speed mode (0.5
+    # with editing 0, SGLang's JointThreshold defaults) is one request away.
+    sampler_defaults: ClassVar[SamplerDefaults] = SamplerDefaults(
+        "uniform",
+        "top1_prob",
+        block_length=LLADA2_BLOCK_LENGTH,
+        confidence_threshold=0.95,
+        editing_confidence_threshold=0.7,
+        aligned_blocks=True,
+        fixed_knobs=BLOCK_DIFFUSION_FIXED,
+    )
 
     hidden_size: int
     num_attention_heads: int

@@ -24,6 +24,7 @@ import torch
 
 from engine.batch import denoise_step
 from engine.block_sampler import BlockDiffusionRequest
+from engine.config import SamplerDefaults
 from engine.errors import InvalidParameter
 from engine.family_rules import check_family_rules
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
@@ -127,6 +128,12 @@ class DiffusionEngine:
         """The loaded model's family: "llada", "dream" or "llada2"."""
         return self.model.config.family
 
+    @property
+    def sampler_defaults(self) -> SamplerDefaults:
+        """The loaded family's own sampler settings; `SamplingParams.for_model(engine.sampler_defaults, ...)`
+        builds a request's parameters with them (what the HTTP API does)."""
+        return self.model.config.sampler_defaults
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids: chat messages through the model's chat template, raw text through the
         tokenizer alone (special-token text in it stays plain text, as in messages), token ids as they are
@@ -210,8 +217,8 @@ class DiffusionEngine:
         None measures it now.
         """
         prompt = Prompt.of(prompt, messages=messages, prompt_token_ids=prompt_token_ids)
-        defaults = self.model.config.sampler_defaults
-        params = params or SamplingParams()
+        defaults = self.sampler_defaults
+        params = params or SamplingParams.for_model(defaults)
         check_family_rules(params, self.family)
         params = params.with_model_defaults(defaults.block_schedule, defaults.confidence_metric)
         params.check_family(self.family)
@@ -241,7 +248,7 @@ class DiffusionEngine:
         canvas = -(-(len(ids) + params.gen_length) // block) * block
         if canvas > self.max_sequence_length:
             raise InvalidParameter(
-                "gen_length",
+                "block_length" if block > params.gen_length else "gen_length",  # the one to make smaller
                 f"the prompt ({len(ids)} tokens) plus the canvas ({params.gen_length} tokens), rounded up to whole "
                 f"blocks of {block}, is {canvas} tokens, more than the model's maximum sequence length "
                 f"({self.max_sequence_length})",

@@ -14,6 +14,8 @@ from engine.errors import InvalidParameter
 from engine.params import SamplingParams
 
 BLOCK_DIFFUSION_FAMILIES = frozenset({"llada2"})
+# The knobs block diffusion refuses any setting of (but their default): what a form for it leaves out.
+BLOCK_DIFFUSION_FIXED = ("kv_cache", "block_schedule", "confidence_metric", "use_local_leap")
 
 
 def check_family_rules(params: SamplingParams, family: str) -> None:

@@ -145,7 +145,7 @@ class Knob:
         allowed, what = (int, "an integer") if self.kind == "integer" else ((int, float), "a number")
         if isinstance(value, bool) or not isinstance(value, allowed):
             raise InvalidParameter(self.name, f"must be {what}, got {value!r}")
-        low, high = (self._bound(b, params) for b in (self.minimum, self.maximum))
+        low, high = (params.bound_of(self.name, b) for b in (self.minimum, self.maximum))
         # Written as what is inside the range, so that NaN (never inside) is refused too.
         above_low = low is None or value > low or (value == low and not self.exclusive_minimum)
         below_high = high is None or value <= high
@@ -166,10 +166,6 @@ class Knob:
     def _requirement(self) -> str:
         """How the docs and errors name what this knob needs: "use_local_leap: true", "editing_threshold set"."""
         return f"{self.requires}: true" if KNOB[self.requires].kind == "switch" else f"{self.requires} set"
-
-    @staticmethod
-    def _bound(bound: int | float | str | None, params: SamplingParams) -> int | float | None:
-        return getattr(params, bound) if isinstance(bound, str) else bound
 
     def _checked_strings(self, value: Any) -> tuple[str, ...]:
         strings = () if value is None else (value,) if isinstance(value, str) else value
@@ -230,23 +226,28 @@ class SamplingParams:
         "integer",
         minimum=1,
         maximum="gen_length",
-        default_doc="gen_length",
+        default_doc="gen_length (llada2: 32)",
         default_from="gen_length",
         resolved=True,
-        help="tokens per block; gen_length must be a multiple of it",
+        help="tokens per block; gen_length must be a multiple of it (llada2: any gen_length)",
         doc="Tokens per block; gen_length must be a multiple of it. Blocks are denoised left to right "
-        "(semi-autoregressive); the default is one fully bidirectional block.",
+        "(semi-autoregressive); the default is one fully bidirectional block. On llada2 (block diffusion) the "
+        "default is 32, the block length it was trained with, blocks are aligned to position 0 of the prompt "
+        "and the canvas is rounded up to whole blocks: any gen_length works, and the positions past it are "
+        "denoised but not returned.",
     )
     num_denoising_steps: int | None = knob(
         "integer",
         minimum=1,
         maximum=MAX_STEPS,
-        default_doc=f"min({DEFAULT_STEPS}, gen_length)",
+        default_doc=f"min({DEFAULT_STEPS}, gen_length); llada2: unset",
         help="forward passes over the canvas",
         doc="Forward passes over the canvas (before early exit). Must be a multiple of the number of blocks "
-        "(gen_length / block_length) and give at most block_length steps per block. Fewer steps commit more "
-        "tokens per step: faster, usually less accurate. Not with `confidence_threshold` (reported as null "
-        "then: the threshold decides the number of forward passes).",
+        "(gen_length / block_length, rounded up on llada2) and give at most block_length steps per block. Fewer "
+        "steps commit more tokens per step: faster, usually less accurate. Not with `confidence_threshold` "
+        "(reported as null then: the threshold decides the number of forward passes), except on llada2, where "
+        "the steps per block set each forward's minimum quota beside the threshold (the official `steps`; unset, "
+        "one token per forward). Not with `editing_threshold`.",
     )
     block_schedule: BlockSchedule | None = knob(
         "choice",
@@ -339,12 +340,16 @@ class SamplingParams:
         minimum=0,
         maximum=1,
         exclusive_minimum=True,
-        default_doc="off",
+        default_doc="off (llada2: 0.95; 0.7 with editing_threshold)",
         help="commit every position with confidence ≥ τ (plus the surest) per step, instead of a step count",
         doc="Fast-dLLM's threshold decoding: a step commits every masked position of the block whose confidence "
         "(per `confidence_metric`) is ≥ τ, plus always the most confident one; a block takes the steps it needs. "
         'Not with `num_denoising_steps`, a `block_schedule` other than "uniform", or `use_local_leap`. Works '
-        "with every `kv_cache`; Fast-dLLM's setting is 0.9 with `block_length` 32 and a cache.",
+        "with every `kv_cache`; Fast-dLLM's setting is 0.9 with `block_length` 32 and a cache. On llada2 it is "
+        "the official sampler's `threshold` and on by default (0.95, LLaDA2.0's; 0.7 once `editing_threshold` "
+        "selects LLaDA2.1's, its quality mode): a forward commits every masked position strictly above τ if "
+        "there are at least the step's quota of them, else the quota's most confident; 1 commits by the quota "
+        "alone.",
     )
     stop: tuple[str, ...] | str | None = knob(
         "strings",
@@ -367,7 +372,9 @@ class SamplingParams:
         doc="Selects LLaDA2.1's sampler: besides filling masks, each forward overwrites every already written "
         "(non-prompt) token of the block whose best candidate is another token with confidence strictly above "
         "this; 1 never edits. A block ends after a forward that finds no mask and edits nothing. Not with "
-        "`num_denoising_steps` (this sampler has no schedule).",
+        "`num_denoising_steps` (this sampler has no schedule). LLaDA2.1's quality mode is 0.5 with "
+        "`confidence_threshold` 0.7 (its default here once this is set), its speed mode 0 with 0.5. A stream "
+        "sends a block's text once the block is closed, since until then an edit could change it.",
     )
     max_post_steps: int | None = knob(
         "integer",
@@ -396,11 +403,7 @@ class SamplingParams:
     def _apply_rules(self) -> None:
         """The rules between knobs, and the defaults that depend on other knobs."""
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen dataclass)
-        if self.gen_length % self.block_length:
-            raise InvalidParameter(
-                "block_length",
-                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
-            )
+        self._check_blocks()
         if self.seed is None:
             set_("seed", secrets.randbits(63))
         if self.editing_threshold is not None:
@@ -411,6 +414,17 @@ class SamplingParams:
             self._resolve_steps(set_)
         if self.confidence_threshold is not None:
             self._check_threshold()
+
+    def bound_of(self, knob_name: str, bound: int | float | str | None) -> int | float | None:
+        """A knob's bound as it applies to these parameters: a number, or the value of the knob it names."""
+        return getattr(self, bound) if isinstance(bound, str) else bound
+
+    def _check_blocks(self) -> None:
+        if self.gen_length % self.block_length:
+            raise InvalidParameter(
+                "block_length",
+                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
+            )
 
     def _check_editing(self) -> None:
         if self.num_denoising_steps is not None:
@@ -452,6 +466,29 @@ class SamplingParams:
                 f"gives {self.steps_per_block} steps per block, more than block_length ({self.block_length}): "
                 "every step must commit at least one token",
             )
+
+    @classmethod
+    def for_model(cls, defaults: Any = None, **knobs: Any) -> SamplingParams:
+        """The parameters a request for a model family runs with: `knobs` as given, and what they leave out
+        taken from the family's `defaults` (engine/config.py `SamplerDefaults`; None: the engine's own).
+
+        Only block diffusion (LLaDA2) has defaults here, its authors' settings: a block length, and a
+        confidence threshold (LLaDA2.0's, or LLaDA2.1's once `editing_threshold` is given). Its blocks are
+        aligned to position 0 on a canvas rounded up to whole blocks, so its parameters are
+        `BlockDiffusionParams`: gen_length need not be a multiple of block_length. The schedule and the
+        metric are filled in later, by `with_model_defaults`.
+        """
+        if defaults is None or not defaults.aligned_blocks:
+            return cls(**knobs)
+        knobs = {name: value for name, value in knobs.items() if value is not None}
+        knobs.setdefault("block_length", defaults.block_length)
+        editing = knobs.get("editing_threshold") is not None
+        threshold = defaults.editing_confidence_threshold if editing else defaults.confidence_threshold
+        # Not beside the knobs a threshold excludes: the family refuses those itself, naming them
+        # (engine/family_rules.py), where a default threshold would have the error blame it instead.
+        if not knobs.get("use_local_leap") and knobs.get("block_schedule", "uniform") == "uniform":
+            knobs.setdefault("confidence_threshold", threshold)
+        return BlockDiffusionParams(**knobs)
 
     def with_model_defaults(self, block_schedule: str, confidence_metric: str) -> SamplingParams:
         """These parameters with the fields left to the model (None) set to the model family's defaults.
@@ -495,6 +532,30 @@ class SamplingParams:
             # "everything left" changes nothing, since each earlier forward committed at least one token.
             return self.block_length
         return self.num_denoising_steps // self.num_blocks
+
+
+@dataclass(frozen=True)
+class BlockDiffusionParams(SamplingParams):
+    """Parameters for a block-diffusion model (LLaDA2), whose blocks are aligned to absolute position 0.
+
+    The canvas is the prompt plus gen_length rounded up to whole blocks (engine/block_sampler.py), as the
+    official generate() builds it, and the positions past gen_length are denoised but never returned. So
+    gen_length need not be a multiple of block_length, nor at least as long: `max_tokens: 100` with blocks
+    of 32 runs four blocks (or five, when the prompt ends inside one) and returns 100 tokens at most. A step
+    count is counted over ceil(gen_length / block_length) blocks.
+    """
+
+    def bound_of(self, knob_name: str, bound: int | float | str | None) -> int | float | None:
+        if knob_name == "block_length" and bound == "gen_length":
+            return None  # a block may run past the answer: the canvas is rounded up to whole blocks
+        return super().bound_of(knob_name, bound)
+
+    def _check_blocks(self) -> None:
+        pass  # any gen_length: the canvas is rounded up to whole blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.gen_length // self.block_length)
 
 
 @functools.cache

@@ -261,6 +261,11 @@ class StepDiffusion(BaseModel):
     step: int = Field(description="0-based forward pass index, contiguous.")
     block: int
     committed: list[CommittedToken] = Field(description="Tokens committed by this step, anywhere in the block.")
+    edited: list[CommittedToken] = Field(
+        description="Tokens this step overwrote (already written positions given another token): LLaDA2.1's token "
+        "editing (`editing_threshold`) only, always empty otherwise. An edited position's text is streamed once "
+        "its block closes, so `delta.content` never has to be taken back."
+    )
     masked_remaining: int = Field(description="Canvas positions still masked; never increases.")
 
 
@@ -301,6 +306,11 @@ class ModelCard(BaseModel):
     max_sequence_length: int | None = None
     # Weight-only quantization of the loaded weights (DLLM_QUANTIZE): none, int8, int4 or fp8.
     quantization: str = "none"
+    family: Literal["llada", "dream", "llada2"] | None = Field(
+        None,
+        description='The model family, which decides the sampler defaults and the knobs that apply: "llada" '
+        '(LLaDA, LLaDA-1.5), "dream" (Dream, DiffuCoder), "llada2" (LLaDA2.0 / 2.1, block diffusion).',
+    )
 
 
 class ModelList(BaseModel):

@@ -103,7 +103,7 @@ def resolved_fields() -> dict[str, tuple[Any, Any]]:
         nullable = spec.default is None and not spec.resolved
         out[spec.name] = (kind | None if nullable else kind, Field(description=spec.help))
         if spec.name == "block_length":
-            out["num_blocks"] = (int, Field(description="gen_length / block_length"))
+            out["num_blocks"] = (int, Field(description="gen_length / block_length (rounded up on llada2)"))
         if spec.name == "seed":
             out["attention_backend"] = (str, Field("sdpa", description="the attention backend that ran"))
     return out

@@ -60,13 +60,17 @@ def sse_event(payload: BaseModel | dict) -> str:
 
 
 def step_diffusion(event: StepEvent, token_text: Callable[[int], str]) -> StepDiffusion:
+    def tokens(pairs: list[tuple[int, int]]) -> list[CommittedToken]:
+        return [
+            CommittedToken(position=position, token_id=token_id, text=token_text(token_id))
+            for position, token_id in pairs
+        ]
+
     return StepDiffusion(
         step=event.step,
         block=event.block,
-        committed=[
-            CommittedToken(position=position, token_id=token_id, text=token_text(token_id))
-            for position, token_id in event.committed
-        ],
+        committed=tokens(event.committed),
+        edited=tokens(event.edited),
         masked_remaining=event.masked_remaining,
     )
 

@@ -168,10 +168,11 @@ class _GenerationFields(BaseModel):
         # None means "the engine's default" (engine.SamplingParams resolves it and reports it back).
         return {k: v for k, v in kwargs.items() if v is not None}
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: Any = None) -> SamplingParams:
         """The engine's parameters for this request: where every knob's range and rule is checked (once). Raises
-        `engine.InvalidParameter` naming the engine's field (`http_param` gives the request's)."""
-        return SamplingParams(**self.sampling_kwargs())
+        `engine.InvalidParameter` naming the engine's field (`http_param` gives the request's). `defaults`: the
+        loaded family's `SamplerDefaults` (what the request leaves out takes the family's settings)."""
+        return SamplingParams.for_model(defaults, **self.sampling_kwargs())
 
     def http_param(self, engine_field: str) -> str:
         """The request field behind an engine parameter, for `error.param`."""

@@ -38,6 +38,7 @@ Seed = native_argument("seed")
 LocalLeap = native_argument("use_local_leap")
 KVCache = native_argument("kv_cache")
 Threshold = native_argument("confidence_threshold")
+EditingThreshold = native_argument("editing_threshold")  # LLaDA2.1's sampler (refused on other families)
 
 
 def chat_request(prompt: str, system_prompt: str | None, settings: dict[str, Any]) -> ChatCompletionRequest:
@@ -58,7 +59,7 @@ async def text_events(
     if engine is None:
         raise APIError.not_ready()
     chat = chat_request(prompt, system_prompt, settings)
-    events = engine.astream(chat.engine_prompt(), sampling_params(chat))
+    events = engine.astream(chat.engine_prompt(), sampling_params(chat, engine.sampler_defaults))
     try:
         first = await anext(events)
     except Exception as error:

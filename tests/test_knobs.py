@@ -54,7 +54,9 @@ def test_the_native_api_takes_its_arguments_from_the_knobs():
     for alias, name in [("Steps", "num_denoising_steps"), ("KVCache", "kv_cache"), ("MaxTokens", "gen_length")]:
         assert shown(getattr(native, alias)) == shown(native_argument(name))
     description = native.Steps.__metadata__[0].description
-    assert description == "Forward passes over the canvas. Accepts integer 1–512; default min(128, gen_length)."
+    assert description == (
+        "Forward passes over the canvas. Accepts integer 1–512; default min(128, gen_length); llada2: unset."
+    )
 
 
 def test_the_playground_enables_a_setting_with_the_switch_its_knob_requires():

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from engine.params import KNOBS
+
 # --- /docs, /redoc and BentoML's / ---------------------------------------------------------------------
 
 URL_ATTRIBUTES = re.compile(r"""(?:src|href|url|spec-url)\s*[=:]\s*["']([^"']+)["']""", re.IGNORECASE)
@@ -132,6 +134,12 @@ DOCUMENTED_REFUSALS = {
     "kv_cache": "the cache must fit the server's KV-cache budget",
     "prompt": "token ids must be in the model's vocabulary and not the mask id",
 }
+# The knobs' own conditions (engine/params.py): a setting its switch or its family does not allow is a 400 on it.
+DOCUMENTED_REFUSALS = {
+    spec.name: f"only with {spec.requires}" if spec.requires else f"only for {', '.join(spec.families)} models"
+    for spec in KNOBS
+    if spec.requires or spec.families
+} | DOCUMENTED_REFUSALS
 # JSON Schema counts 4.0 as an integer; this API's strict types do not (docs/api.md: "a float is never an
 # integer"), so a schema-valid 4.0 for an integer field is refused on that field.
 STRICT_INTEGER = "Input should be a valid integer"

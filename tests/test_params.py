@@ -103,3 +103,28 @@ def test_model_defaults_fill_only_what_the_request_left_out():
     assert chosen.with_model_defaults("dream", "entropy_inverse") == chosen
     half = SamplingParams(confidence_metric="margin").with_model_defaults("uniform", "top1_prob")
     assert (half.block_schedule, half.confidence_metric) == ("uniform", "margin")
+
+
+def test_block_diffusion_params_take_the_familys_defaults_and_any_canvas():
+    from engine.config import LLaDA2Config, LLaDAConfig
+    from engine.params import BlockDiffusionParams
+
+    llada2 = LLaDA2Config.sampler_defaults
+    params = SamplingParams.for_model(llada2, gen_length=100)
+    assert isinstance(params, BlockDiffusionParams)
+    assert (params.block_length, params.confidence_threshold, params.num_denoising_steps) == (32, 0.95, None)
+    assert params.num_blocks == 4  # ceil(100 / 32): the canvas is rounded up to whole blocks
+    assert SamplingParams.for_model(llada2, gen_length=5).block_length == 32  # a block longer than the answer
+    assert SamplingParams.for_model(llada2, editing_threshold=0.5).confidence_threshold == 0.7
+    assert SamplingParams.for_model(llada2, confidence_threshold=0.5, editing_threshold=0.0).confidence_threshold == 0.5
+    steps = SamplingParams.for_model(llada2, gen_length=100, num_denoising_steps=8)
+    assert steps.steps_per_block == 2 and steps.confidence_threshold == 0.95
+    with pytest.raises(InvalidParameter) as error:
+        SamplingParams.for_model(llada2, gen_length=100, num_denoising_steps=6)  # not a multiple of 4 blocks
+    assert error.value.field == "num_denoising_steps"
+    # The other families keep their rules: no defaults added, gen_length a multiple of block_length.
+    plain = SamplingParams.for_model(LLaDAConfig.sampler_defaults, gen_length=64, seed=1)
+    assert type(plain) is SamplingParams and plain == SamplingParams(gen_length=64, seed=1)
+    with pytest.raises(InvalidParameter) as error:
+        SamplingParams.for_model(LLaDAConfig.sampler_defaults, gen_length=100, block_length=32)
+    assert error.value.field == "block_length"

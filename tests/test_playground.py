@@ -18,7 +18,7 @@ from playwright.sync_api import expect, sync_playwright
 
 import engine.params as engine_params
 from api.playground import ASSETS, CONTENT_SECURITY_POLICY, STATIC_DIR
-from api.playground_settings import CONTROL_GROUPS, resolved_defaults
+from api.playground_settings import CONTROL_GROUPS, page_settings, resolved_defaults
 from schemas.chat import ChatCompletionRequest
 from scripts.playground_screenshot import find_chromium, launch_chromium
 
@@ -95,6 +95,37 @@ def test_the_defaults_follow_the_model_family(dream_engine):
     defaults = resolved_defaults(dream_engine)
     assert (defaults["block_schedule"], defaults["confidence_metric"]) == ("dream", "entropy_inverse")
     assert set(defaults) == {name for _, names in CONTROL_GROUPS for name in names}
+
+
+def test_the_form_offers_the_knobs_of_the_loaded_family(service_client):
+    from engine import DiffusionEngine
+    from tests.fixture_paths import LLADA2_CHAT_FIXTURE_DIR
+
+    def offered(settings) -> dict:
+        return {c["name"]: c for group in settings["groups"] for c in group["controls"]}
+
+    llada = service_client.get("/playground/settings.json").json()
+    assert llada["aligned_blocks"] is False
+    assert not {"editing_threshold", "max_post_steps", "min_tokens_per_step"} & set(offered(llada))
+
+    llada2 = DiffusionEngine.from_pretrained(LLADA2_CHAT_FIXTURE_DIR, device="cpu")
+    try:
+        settings = page_settings(llada2)
+    finally:
+        llada2.shutdown()
+    controls = offered(settings)
+    assert settings["family"] == "llada2" and settings["aligned_blocks"] is True
+    # What block diffusion refuses is not offered; token editing is, its two settings behind editing_threshold.
+    assert not {"kv_cache", "block_schedule", "confidence_metric", "use_local_leap", "local_leap_radius"} & set(
+        controls
+    )
+    assert controls["max_post_steps"]["requires"] == controls["min_tokens_per_step"]["requires"] == "editing_threshold"
+    assert (controls["max_post_steps"]["default"], controls["min_tokens_per_step"]["default"]) == (16, 1)
+    assert controls["block_length"]["default"] == 32
+    assert (
+        controls["confidence_threshold"]["default"] is None
+        and "0.95" in controls["confidence_threshold"]["default_note"]
+    )
 
 
 # --- the page in a browser, against `bentoml serve` -------------------------------------------------------

@@ -187,10 +187,13 @@ function formInputs() {
   return [...el.controls.querySelectorAll("input, select")];
 }
 
+// A setting that needs another is enabled once that one is on: a switch checked, or any other field filled in
+// (max_post_steps needs editing_threshold).
 function updateDependentControls() {
   for (const input of formInputs()) {
     if (!input.dataset.requires) continue;
-    const on = el.controls.querySelector(`[name="${input.dataset.requires}"]`).checked;
+    const required = el.controls.querySelector(`[name="${input.dataset.requires}"]`);
+    const on = required !== null && (required.type === "checkbox" ? required.checked : required.value.trim() !== "");
     input.disabled = !on;
     input.closest(".control").classList.toggle("off", !on);
   }
@@ -286,10 +289,19 @@ function setStatus(state, text) {
 
 // --- a run: request, stream, live view ------------------------------------------------------------------
 
-function newRun(blockLength) {
+// A field's default as the form shows it (the engine's, for the loaded model).
+function settingDefault(name) {
+  for (const group of page.settings.groups) for (const c of group.controls) if (c.name === name) return c.default;
+  return undefined;
+}
+
+function newRun(blockLength, maxTokens) {
   return {
     blockLength, // from the form; the resolved one replaces it at the end
-    canvasSize: null, // known from the first step chunk
+    // The answer's length: a block-diffusion canvas is rounded up to whole blocks, and the positions past the
+    // answer are denoised too (their commits are not drawn), so it cannot be read off the first step.
+    canvasSize: page.settings.aligned_blocks && maxTokens ? maxTokens : null,
+    firstBlock: undefined, // aligned blocks: the first block's answer positions, once the prompt length is known
     cells: [],
     blocks: [],
     steps: [], // step chunks' `diffusion` objects, plus `delta` (text) and `at` (ms since send)
@@ -326,7 +338,7 @@ async function send() {
     stream: true,
     stream_options: { include_usage: true },
   };
-  const run = newRun(fields.block_length);
+  const run = newRun(fields.block_length, fields.max_tokens ?? settingDefault("max_tokens"));
   page.run = run;
   el.canvas.replaceChildren();
   el.timeline.replaceChildren();
@@ -420,9 +432,9 @@ function receive(chunk, run) {
     run.finish = { finish_reason: choice.finish_reason, diffusion: chunk.diffusion };
     return;
   }
-  if (run.canvasSize === null) {
-    run.canvasSize = chunk.diffusion.masked_remaining + chunk.diffusion.committed.length;
-    drawCanvas(run, run.blockLength ?? run.canvasSize);
+  if (run.cells.length === 0) {
+    run.canvasSize ??= chunk.diffusion.masked_remaining + chunk.diffusion.committed.length;
+    drawCanvas(run, page.settings.aligned_blocks ? run.canvasSize : (run.blockLength ?? run.canvasSize));
   }
   run.steps.push({ ...chunk.diffusion, delta: (choice && choice.delta.content) || "", at });
   schedulePaint(run);
@@ -463,7 +475,13 @@ function finishRun(run, userTurn) {
   run.answerEl.classList.remove("live");
   page.history.push(userTurn, { role: "assistant", content: run.answer });
   const resolved = run.finish ? run.finish.diffusion : null;
-  if (resolved && run.canvasSize !== null && resolved.block_length !== run.blockLength) {
+  if (resolved && run.canvasSize !== null && page.settings.aligned_blocks && run.usage) {
+    // Block diffusion: blocks are aligned to position 0 of the prompt, so the first one holds the prompt's end
+    // and only what is left of it belongs to the answer.
+    run.blockLength = resolved.block_length;
+    run.firstBlock = run.blockLength - (run.usage.prompt_tokens % run.blockLength);
+    drawCanvas(run, run.blockLength);
+  } else if (resolved && run.canvasSize !== null && resolved.block_length !== run.blockLength) {
     run.blockLength = resolved.block_length;
     drawCanvas(run, run.blockLength);
   }
@@ -513,8 +531,8 @@ function drawCanvas(run, blockLength) {
   run.cells = [];
   run.blocks = [];
   const size = run.canvasSize;
-  const perBlock = blockLength > 0 && size % blockLength === 0 ? blockLength : size;
-  for (let start = 0; start < size; start += perBlock) {
+  let start = 0;
+  for (const perBlock of blockSizes(size, blockLength, run.firstBlock)) {
     const block = document.createElement("div");
     block.className = "block";
     const label = document.createElement("div");
@@ -522,7 +540,8 @@ function drawCanvas(run, blockLength) {
     label.textContent = `block ${run.blocks.length} · positions ${start}–${start + perBlock - 1}`;
     const cells = document.createElement("div");
     cells.className = "cells";
-    cells.style.setProperty("--columns", String(columnsFor(perBlock)));
+    // Aligned blocks: every row as wide as a whole block, so that a short first or last block still lines up.
+    cells.style.setProperty("--columns", String(columnsFor(run.firstBlock === undefined ? perBlock : blockLength)));
     for (let position = start; position < start + perBlock; position++) {
       const cell = document.createElement("div");
       cell.className = "cell";
@@ -534,9 +553,22 @@ function drawCanvas(run, blockLength) {
     block.append(label, cells);
     el.canvas.append(block);
     run.blocks.push(block);
+    start += perBlock;
   }
   for (const cell of run.cells) maskCell(cell);
   el.canvas.style.setProperty("--steps", "1");
+}
+
+// The sizes of the canvas's blocks: whole blocks (or one block, if they do not divide the canvas); with aligned
+// blocks, a first block of `firstBlock` answer positions, then whole ones, the last cut at the canvas's end.
+function blockSizes(size, blockLength, firstBlock) {
+  if (!(blockLength > 0)) return [size];
+  if (firstBlock === undefined) return size % blockLength === 0 ? Array(size / blockLength).fill(blockLength) : [size];
+  const sizes = [];
+  for (let start = 0; start < size; start += sizes[sizes.length - 1]) {
+    sizes.push(Math.min(start === 0 ? firstBlock : blockLength, size - start));
+  }
+  return sizes;
 }
 
 // A row holds a whole divisor of the block (16 of 32, 64, 128…), so that rows line up and read as blocks.
@@ -548,7 +580,8 @@ function columnsFor(blockLength) {
 function maskCell(cell) {
   cell.dataset.state = "masked";
   delete cell.dataset.step;
-  cell.classList.remove("eos", "tail");
+  delete cell.dataset.edits;
+  cell.classList.remove("eos", "tail", "edited", "flash");
   cell.textContent = "";
   cell.title = `position ${cell.dataset.position}: masked`;
   cell.style.removeProperty("--step");
@@ -565,6 +598,22 @@ function commitCell(cell, token, step) {
   cell.style.setProperty("--step", String(step));
 }
 
+// LLaDA2.1's token editing overwrote a written token: the cell shows the new one, keeps a mark (and how many
+// times it changed), and flashes when it happens live.
+function editCell(cell, token, step, live) {
+  const before = cell.textContent;
+  const edits = Number(cell.dataset.edits || 0) + 1;
+  commitCell(cell, token, step);
+  cell.dataset.edits = String(edits);
+  cell.classList.add("edited");
+  cell.title += `; edited ${edits === 1 ? "once" : `${edits} times`} (was ${JSON.stringify(before)})`;
+  if (live) {
+    cell.classList.remove("flash");
+    void cell.offsetWidth; // restart the animation when a cell is edited again
+    cell.classList.add("flash");
+  }
+}
+
 // Whitespace tokens would be invisible cells.
 function visible(text) {
   return text.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/^ $/, "␣") || "∅";
@@ -574,6 +623,10 @@ function applyStep(run, step) {
   for (const token of step.committed) {
     const cell = run.cells[token.position];
     if (cell) commitCell(cell, token, step.step);
+  }
+  for (const token of step.edited || []) {
+    const cell = run.cells[token.position];
+    if (cell) editCell(cell, token, step.step, true);
   }
   el.canvas.style.setProperty("--steps", String(step.step + 1));
   run.blocks.forEach((block, index) => block.classList.toggle("current", index === step.block));
@@ -588,7 +641,11 @@ function addBar(run, step) {
   bar.className = count ? "bar" : "bar empty";
   bar.style.setProperty("--step", String(step.step));
   bar.dataset.count = String(count);
-  bar.title = `step ${step.step}: ${plural(count, "token")} committed, block ${step.block}`;
+  const edits = (step.edited || []).length;
+  bar.title =
+    `step ${step.step}: ${plural(count, "token")} committed` +
+    (edits ? `, ${plural(edits, "token")} edited` : "") +
+    `, block ${step.block}`;
   el.timeline.append(bar);
   el.timeline.style.setProperty("--steps", String(step.step + 1));
   scaleBars();
@@ -608,6 +665,10 @@ function renderAt(run, count) {
     for (const token of step.committed) {
       const cell = run.cells[token.position];
       if (cell) commitCell(cell, token, step.step);
+    }
+    for (const token of step.edited || []) {
+      const cell = run.cells[token.position];
+      if (cell) editCell(cell, token, step.step, false);
     }
     answer += step.delta;
   }
