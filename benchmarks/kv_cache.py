@@ -209,7 +209,11 @@ def cached_step_sweep(engine: DiffusionEngine, prompts: list[list[int]], rounds:
 
 
 async def batched_run(engine: DiffusionEngine, prompts: list[list[int]], concurrent: bool) -> float:
-    params = SamplingParams(**PLAN.batched)
+    return await timed_generations(engine, prompts, SamplingParams(**PLAN.batched), concurrent)
+
+
+async def timed_generations(engine, prompts: list[list[int]], params: SamplingParams, concurrent: bool) -> float:
+    """Seconds to generate every prompt, all submitted at once (sharing forwards) or one after another."""
     start = time.perf_counter()
     if concurrent:
         await asyncio.gather(*(engine.agenerate(prompt_token_ids=p, params=params) for p in prompts))

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.kv_cache import timed_generations  # noqa: E402
 from benchmarks.llada2_reference_loop import reference_generate  # noqa: E402
 from benchmarks.llada2_shapes import LLADA2_MID, TokenIds, parameter_counts, random_llada2, random_prompt  # noqa: E402
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig  # noqa: E402
@@ -174,16 +175,6 @@ class BatchRow:
     mean_batch: float  # request-steps per forward when batched
 
 
-async def _run(engine, prompts, params, concurrent: bool) -> float:
-    start = time.perf_counter()
-    if concurrent:
-        await asyncio.gather(*(engine.agenerate(prompt_token_ids=p, params=params) for p in prompts))
-    else:
-        for p in prompts:
-            await engine.agenerate(prompt_token_ids=p, params=params)
-    return time.perf_counter() - start
-
-
 def batch_row(model_name, model, tokenizer, setting, concurrency, prompt, gen, repeats) -> BatchRow:
     # Two engines on the same model: the batched one waits (up to 200 ms, or until all N are in) so that the
     # burst starts as one batch; the sequential one never waits, or every lone request would pay that wait.
@@ -198,14 +189,14 @@ def batch_row(model_name, model, tokenizer, setting, concurrency, prompt, gen, r
         lengths = [prompt + (i * prompt // 2) // max(concurrency - 1, 1) - prompt // 4 for i in range(concurrency)]
         prompts = [random_prompt(model.config, n, seed=100 + i) for i, n in enumerate(lengths)]
         params = SamplingParams(gen_length=gen, block_length=BLOCK, **setting.engine)
-        asyncio.run(_run(together, prompts[:2], params, concurrent=True))  # warm-up
+        asyncio.run(timed_generations(together, prompts[:2], params, concurrent=True))  # warm-up
         sequential, batched, shared = [], [], []
         for _ in range(repeats):
             before = forwards(alone)
-            sequential.append(asyncio.run(_run(alone, prompts, params, concurrent=False)))
+            sequential.append(asyncio.run(timed_generations(alone, prompts, params, concurrent=False)))
             request_steps = forwards(alone) - before  # one request-step per forward
             before = forwards(together)
-            batched.append(asyncio.run(_run(together, prompts, params, concurrent=True)))
+            batched.append(asyncio.run(timed_generations(together, prompts, params, concurrent=True)))
             shared.append(request_steps / (forwards(together) - before))
     finally:
         together.shutdown()

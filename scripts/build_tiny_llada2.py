@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 if __package__ in (None, ""):  # run as a script: make `scripts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.build_tiny_tokenizer import SPLIT_PATTERN
+from scripts.build_tiny_tokenizer import build_tokenizer as build_byte_level_bpe
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "llada2-chat-tiny"
 SEED = 20260
@@ -91,23 +91,7 @@ def training_text() -> list[str]:
 
 
 def build_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB_LIMIT,
-        min_frequency=2,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_text(), trainer=trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)  # appended after the BPE vocabulary, as in the real tokenizer
-    return tok
+    return build_byte_level_bpe(training_text(), BPE_VOCAB_LIMIT, min_frequency=2, special_tokens=SPECIAL_TOKENS)
 
 
 def special_ids(tok: Tokenizer) -> dict[str, int]:

@@ -45,7 +45,14 @@ SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|
 VOCAB_LIMIT = 1024  # BPE entries; task words get enough weight to be single tokens well before the limit
 
 
-def build_tokenizer() -> Tokenizer:
+def build_tokenizer(
+    texts: list[str] | None = None,
+    vocab_size: int = VOCAB_LIMIT,
+    min_frequency: int = 1,
+    special_tokens: list[str] | None = None,
+) -> Tokenizer:
+    """A byte-level BPE trained on `texts` (default: the embedded model's corpus), the special tokens appended
+    after its vocabulary as in the real tokenizers. scripts/build_tiny_llada2.py builds LLaDA2's with it too."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -55,13 +62,13 @@ def build_tokenizer() -> Tokenizer:
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_LIMIT,
-        min_frequency=1,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(tokenizer_training_text(), trainer=trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)  # appended after the BPE vocabulary, as in LLaDA
+    tok.train_from_iterator(tokenizer_training_text() if texts is None else texts, trainer=trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS if special_tokens is None else special_tokens)
     return tok
 
 
