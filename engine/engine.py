@@ -25,8 +25,8 @@ import torch
 from engine.batch import denoise_step
 from engine.block_sampler import BlockDiffusionRequest
 from engine.config import SamplerDefaults
-from engine.errors import InvalidParameter
 from engine.dream_cache import DreamCachedRequest
+from engine.errors import InvalidParameter
 from engine.family_rules import check_family_rules
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
 from engine.memory import default_kv_cache_budget, mebibytes

@@ -122,9 +122,9 @@ OTHERS = [
 ]
 
 
-def other_requests(engine):
-    prompts = dream_reference()["prompts"]
-    return [(prompts[i % len(prompts)]["prompt_ids"], SamplingParams(early_exit=False, **s)) for i, s in enumerate(OTHERS)]
+def other_requests() -> list[tuple[list[int], SamplingParams]]:
+    prompts = [p["prompt_ids"] for p in dream_reference()["prompts"]]
+    return [(prompts[i % len(prompts)], SamplingParams(early_exit=False, **kw)) for i, kw in enumerate(OTHERS)]
 
 
 def run_together(engine: DiffusionEngine, requests: list[DenoisingRequest]) -> None:
@@ -144,7 +144,7 @@ def test_cached_dream_requests_batched_with_others_match_the_official_runs(dream
     cases = CASES if order == "as_listed" else CASES[::-1]
     cached = [dream_engine.new_request(prompt_token_ids=c["prompt_ids"], params=params_of(c)) for c in cases]
     assert all(isinstance(r, DreamCachedRequest) == (c["mode"] != "nocache") for r, c in zip(cached, cases))
-    others = [(ids, params) for ids, params in other_requests(dream_engine)]
+    others = other_requests()
     alone = [dream_engine.generate(prompt_token_ids=ids, params=params) for ids, params in others]
     mixed = [dream_engine.new_request(prompt_token_ids=ids, params=params) for ids, params in others]
     together = [request for pair in zip(cached, mixed) for request in pair] + cached[len(mixed) :]
