@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from engine import DiffusionEngine, InvalidParameter, SamplingParams, SchedulerConfig
 from engine.dream_cache import DreamCachedRequest, cached_block_quotas
@@ -100,6 +101,34 @@ def test_the_cached_schedule_continues_dream_s_time_grid():
     assert cached_block_quotas("dream", 16, 4, 1e-3) == [1, 4, 5, 6]
     assert cached_block_quotas("uniform", 8, 4, 1e-3) == [1, 3, 2, 2]
     assert cached_block_quotas("cosine", 8, 1, 1e-3) == [1, 0]
+
+
+def official_block_counts(block_length: int, steps: int, eps: float) -> list[int]:
+    """Tokens per forward of one block of Fast-dLLM's cached Dream sampler in quota mode, transcribed plainly
+    from `generation_utils_block.py` (batch 1, no mask predicted as a token)."""
+    timesteps = torch.linspace(1, eps, steps + 1)
+    counts, masks, i = [1], block_length - 1, 1  # the full forward: the block's first position
+    while True:  # one cached forward per turn
+        if i == steps:
+            counts.append(0)
+            break
+        t, s = timesteps[i], timesteps[i + 1]
+        num_mask_token = torch.tensor([masks]).sum() / 1  # the official mean over a batch of 1: float32
+        number = int(num_mask_token * (1 - s / t)) if i < steps - 1 else masks
+        counts.append(number)
+        masks -= number
+        i += 1
+        if masks == 0:
+            break
+    return counts
+
+
+@pytest.mark.parametrize("eps", [1e-3, 0.2])  # 1e-3: Dream's; 0.2 separates a continued grid from a restarted one
+def test_the_cached_quota_counts_are_the_official_loop_s(eps):
+    for block_length in (2, 8, 16, 32):
+        for steps in range(1, block_length + 1):
+            expected = official_block_counts(block_length, steps, eps)
+            assert cached_block_quotas("dream", block_length, steps, eps) == expected, (block_length, steps)
 
 
 def test_a_cached_block_takes_its_first_position_from_the_full_forward_whatever_the_schedule(dream_engine):
