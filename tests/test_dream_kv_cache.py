@@ -11,6 +11,9 @@ other algorithm, and the batch > 1 bugs (the engine batches cached rows correctl
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,7 +21,7 @@ import torch
 from engine import DiffusionEngine, InvalidParameter, SamplingParams, SchedulerConfig
 from engine.dream_cache import DreamCachedRequest, cached_block_quotas
 from engine.sampler import DenoisingRequest
-from tests.fixture_paths import dream_reference, fast_dllm_dream_reference
+from tests.fixture_paths import REPO_ROOT, dream_reference, fast_dllm_dream_reference
 
 MASK = 679
 IN_SCOPE = {"quota", "threshold", "quota_one_step_per_block", "threshold_single_block"}
@@ -243,3 +246,25 @@ def test_a_threshold_with_a_step_count_is_refused_by_a_dream_model(dream_engine)
     with pytest.raises(InvalidParameter) as error:
         dream_engine.new_request(prompt_token_ids=[1, 2, 3], params=params)
     assert error.value.field == "num_denoising_steps"
+
+
+# --- benchmarks/dream_kv_cache.py: the script must not rot ------------------------------------------------------
+
+
+@pytest.mark.slow  # the script, in a subprocess
+def test_the_dream_cache_benchmark_runs_and_prints_its_ratios(tmp_path):
+    out = tmp_path / "dream-kv.json"
+    command = [sys.executable, "benchmarks/dream_kv_cache.py", "--gen-length", "64", "--prompts", "2",
+               "--json", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["name"] for r in rows] == [
+        "none, 1 token/step", "prefix, 1 token/step", "dual, 1 token/step", "none, τ 0.9", "dual, τ 0.9",
+    ]  # fmt: skip
+    assert [r["forwards"] for r in rows[:3]] == [2 * 64] * 3  # one token per forward, with or without the cache
+    for row in rows:
+        baseline = next(r for r in rows if r["name"] == row["baseline"])
+        assert row["vs_none"] == pytest.approx(baseline["seconds"] / row["seconds"])
+        assert (row["identical_tokens"] == row["canvas_tokens"]) == (row["name"] == row["baseline"])
+        assert f"| {row['name']:21} |" in done.stdout
