@@ -25,9 +25,10 @@ from tests.fixture_paths import REPO_ROOT, dream_reference, fast_dllm_dream_refe
 
 MASK = 679
 IN_SCOPE = {"quota", "threshold", "quota_one_step_per_block", "threshold_single_block"}
-# Beside the scope, two more tags the engine reproduces when called with the values in force: the
-# official defaults spelt out (block 32, τ 0.9), and the official Dream quota sampler without a cache.
-ALSO_REPRODUCED = {"threshold_defaults", "nocache_quota"}
+# Beside the scope, three more tags the engine reproduces when called with the values in force: the
+# official defaults spelt out (block 32, τ 0.9), the official Dream quota sampler without a cache, and a quota
+# run with alg "maskgit_plus", which the official block sampler ignores (it ranks by entropy: entropy_inverse).
+ALSO_REPRODUCED = {"threshold_defaults", "nocache_quota", "quota_alg_ignored"}
 REFERENCE = fast_dllm_dream_reference()
 CASES = [c for c in REFERENCE["cases"] if c["tag"] in IN_SCOPE | ALSO_REPRODUCED]
 
