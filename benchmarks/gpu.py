@@ -13,7 +13,9 @@ on the device (nothing is downloaded): speed depends on shapes, not on weight va
 2. the model forward vs batch size × canvas length, as latency and achieved TFLOP/s;
 3. end-to-end generation through the async API and its scheduler thread (gen 256, block 32, 256 steps:
    one token per forward) at concurrency 1 and 8, the share of wall time spent outside the model forward
-   (sampler + scheduler overhead), and peak GPU memory per request.
+   (sampler + scheduler overhead), and peak GPU memory per request;
+4. the same requests with Fast-dLLM's KV cache, prefix and dual, against none (LLaDA and Dream; on Dream a
+   cached block's first forward commits its first position only, then one token per forward as well).
 With --quantize int8 | int4 | fp8 the blocks' linear layers are quantized after the random weights are drawn,
 as loading does (engine/quantization.py): the weight bytes, the forward and the end to end then measure the
 quantized kernels. The FLOP count stays that of the unquantized model (weight-only quantization changes the
@@ -498,7 +500,7 @@ def main() -> None:
               f"{fmt(row['peak_mib_per_request'], '.0f'):>9}")  # fmt: skip
 
     cache_rows = []
-    if args.family == "llada":  # the KV cache exists for the LLaDA family only, so far
+    if args.family in ("llada", "dream"):  # Fast-dLLM's cache (block diffusion has its own, always on)
         print(f"\nKV cache (Fast-dLLM), end to end, same requests: gen {plan.gen_length}, block {plan.block_length}, "
               f"1 token per forward; MiB/req = the cache one request holds")  # fmt: skip
         print(f"{'':8}{'mode':>7}{'conc':>5}{'wall s':>9}{'tok/s':>10}{'vs none':>9}{'cache MiB/req':>14}"

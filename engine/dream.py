@@ -12,6 +12,11 @@ columns, so with a `logit_index` this model runs its last layer and LM head at `
 code needs no family-specific step. A candidate is never the first column (a prompt has at least one
 token), so `columns - 1` is always a real position of the same row.
 
+**The approximate KV cache** (Fast-dLLM, `kv`): the same `KVFrame` as the LLaDA model's, and the same batch
+code (engine/batch.py). The keys are cached after RoPE, where Fast-dLLM's Dream caches them before it and rotates
+the whole key set at every forward: the same keys, since a key's rotation depends only on its position. The
+shift is why a cached block's first position is decided by the block's full forward (engine/dream_cache.py).
+
 **Positions restart at every row's first real token.** With left padding, the official sampler gives
 position `cumsum(mask) - 1`, so a padded row sees exactly the rotary angles it would see alone. LLaDA's
 official code numbers padded positions too; here the padded row is made to match Dream's own batches.
@@ -24,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import DreamConfig
-from engine.model import LogitIndex, RMSNorm, RotaryCache, apply_rope
+from engine.model import KVFrame, LayerKV, LogitIndex, RMSNorm, RotaryCache, apply_rope, rope_rows
 
 # Rotary tables are built for this many positions up front and grown on demand: Dream declares 131072
 # positions, and tables that long would take 134 MB for nothing.
@@ -41,12 +46,16 @@ class DreamAttention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=True)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
-    def forward(self, keys_from, queries_from, rope, query_rope, key_mask):
-        """keys_from: [B, T, d] (every position); queries_from: [B, M, d]; rope: cos/sin [B|1, 1, T, hd]."""
+    def forward(self, keys_from, queries_from, rope, query_rope, key_mask, kv: LayerKV | None = None):
+        """keys_from: [B, T, d] (every position); queries_from: [B, M, d]; rope: cos/sin [B|1, 1, T, hd].
+        With `kv`, keys_from holds only the positions the forward computes: their keys (rotated) and values are
+        written into kv's buffer, and attention reads every column of it."""
         batch, length, _ = keys_from.shape
         k = self.k_proj(keys_from).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(keys_from).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         k = apply_rope(k, *rope)
+        if kv is not None:
+            k, v = kv.write(k, v)
         queries = queries_from.shape[1]
         q = self.q_proj(queries_from).view(batch, queries, self.n_heads, self.head_dim).transpose(1, 2)
         q = apply_rope(q, *query_rope)
@@ -77,7 +86,7 @@ class DreamDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DreamMLP(config)
 
-    def forward(self, x, rope, key_mask, queries: tuple[torch.Tensor, tuple] | None = None):
+    def forward(self, x, rope, key_mask, queries: tuple[torch.Tensor, tuple] | None = None, kv: LayerKV | None = None):
         """x: [B, T, d] → [B, T, d]; or, with queries = (columns [B, M], their cos/sin), the outputs at those
         columns only, [B, M, d]: every position supplies keys and values, but a position's output depends
         only on its own query row (the same pruning as the LLaDA model's last block)."""
@@ -89,7 +98,7 @@ class DreamDecoderLayer(nn.Module):
             x, n_queries = x.gather(1, gather), n.gather(1, gather)
         else:
             n_queries = n
-        h = x + self.self_attn(n, n_queries, rope, query_rope, key_mask)
+        h = x + self.self_attn(n, n_queries, rope, query_rope, key_mask, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -110,6 +119,7 @@ class DreamModelLM(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         logit_index: LogitIndex | None = None,
+        kv: KVFrame | None = None,
     ) -> torch.Tensor:
         """Logits of a [B, T] batch.
 
@@ -118,33 +128,58 @@ class DreamModelLM(nn.Module):
         logit_index: the columns whose tokens are wanted → [N, V], the predictions *for* those columns
             (computed at the column before each); None → the model's raw output [B, T, V], where row i
             predicts token i + 1 (what the official `DreamModel.forward` returns).
+        kv: compute only the positions `kv.columns` ([B, A], the tokens of `input_ids`), reading and writing
+            keys and values in `kv.buffer` (see KVFrame); `attention_mask` is then `kv.key_mask`'s job and
+            `logit_index` counts positions within each row of `input_ids`, the shift included: the column
+            before a wanted one must be computed too.
         """
         length = input_ids.shape[1]
-        if attention_mask is None:
+        layers_kv: list[LayerKV | None] = [None] * len(self.model.layers)
+        if kv is not None:
+            positions, key_mask = kv.positions, None if kv.key_mask is None else kv.key_mask[:, None, None, :]
+            cos, sin = self.rotary.get(int(kv.buffer.shape[-2]), input_ids.device)  # positions < key columns
+            c = self.config
+            index = kv.columns[:, None, :, None].expand(-1, c.num_key_value_heads, -1, c.head_dim)
+            layers_kv = [LayerKV(layer_buffer, index) for layer_buffer in kv.buffer]
+        elif attention_mask is None:
             positions = torch.arange(length, device=input_ids.device)[None]  # [1, T]
             key_mask = None
         else:
             # Pads get position 0; they are never attended to, and their own outputs are never read.
             positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)  # [B, T]
             key_mask = attention_mask.bool()[:, None, None, :]
-        cos, sin = self.rotary.get(length, input_ids.device)
-        rope = (cos[positions][:, None], sin[positions][:, None])  # [B|1, 1, T, hd]
+        if kv is None:
+            cos, sin = self.rotary.get(length, input_ids.device)
+        rope = (rope_rows(cos, positions), rope_rows(sin, positions))  # [B|1, 1, T, hd]
 
         x = self.model.embed_tokens(input_ids)
         *layers, last = self.model.layers
-        for layer in layers:
-            x = layer(x, rope, key_mask)
+        for layer, layer_kv in zip(layers, layers_kv):
+            x = layer(x, rope, key_mask, kv=layer_kv)
         if logit_index is None:
-            return self.lm_head(self.model.norm(last(x, rope, key_mask)))
+            return self.lm_head(self.model.norm(last(x, rope, key_mask, kv=layers_kv[-1])))
         # Shifted logits: column c is predicted at c − 1. Only a filler entry of the grid can be column 0
-        # (a candidate always follows a prompt); clamping keeps it a valid column, and it is dropped anyway.
+        # (a candidate always follows a prompt, or in a cached forward the block's first position, which is
+        # never a candidate there); clamping keeps it a valid column, and it is dropped anyway.
         columns = (logit_index.columns - 1).clamp(min=0)
         query_positions = positions.expand(input_ids.shape[0], -1).gather(1, columns)
-        query_rope = (cos[query_positions][:, None], sin[query_positions][:, None])  # [B, 1, M, hd]
-        x = last(x, rope, key_mask, queries=(columns, query_rope)).flatten(0, 1)
+        query_rope = (rope_rows(cos, query_positions), rope_rows(sin, query_positions))  # [B, 1, M, hd]
+        x = last(x, rope, key_mask, queries=(columns, query_rope), kv=layers_kv[-1]).flatten(0, 1)
         if logit_index.real is not None:
             x = x[logit_index.real]
         return self.lm_head(self.model.norm(x))
+
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of a KV cache holding `positions` columns (keys and values of every layer)."""
+        c = self.config
+        element = self.model.embed_tokens.weight.element_size()
+        return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * positions * element
+
+    def new_kv_buffer(self, rows: int, columns: int) -> torch.Tensor:
+        """A zeroed KVFrame buffer (zeros, not garbage: padding columns are read, then masked, by attention)."""
+        c, weight = self.config, self.model.embed_tokens.weight
+        shape = (c.num_hidden_layers, 2, rows, c.num_key_value_heads, columns, c.head_dim)
+        return torch.zeros(shape, dtype=weight.dtype, device=weight.device)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

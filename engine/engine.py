@@ -25,6 +25,7 @@ import torch
 from engine.batch import denoise_step
 from engine.block_sampler import BlockDiffusionRequest
 from engine.config import SamplerDefaults
+from engine.dream_cache import DreamCachedRequest
 from engine.errors import InvalidParameter
 from engine.family_rules import check_family_rules
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
@@ -237,7 +238,9 @@ class DiffusionEngine:
             f"KV cache ({total} positions: prompt plus canvas)",
             'use a shorter canvas or kv_cache "none"',
         )
-        return DenoisingRequest(
+        # Dream's shifted logits change which positions a cached block's forwards decide (engine/dream_cache.py).
+        request_class = DreamCachedRequest if self.family == "dream" and params.kv_cache != "none" else DenoisingRequest
+        return request_class(
             ids, params, kv_cache_bytes=cache_bytes, timestep_eps=defaults.timestep_eps, **self._sampler_needs()
         )
 

@@ -327,7 +327,7 @@ class SamplingParams:
         "choice",
         "none",
         choices=KV_CACHE_MODES,
-        families=("llada",),
+        families=("llada", "dream"),
         help="Fast-dLLM's approximate KV cache; pays off with several blocks",
         doc="Fast-dLLM's approximate KV cache (arXiv:2505.22618): after a block's first step, recompute only the "
         'block and what follows it ("prefix") or the block alone ("dual"), reusing the other positions\' keys '

@@ -220,9 +220,7 @@ class DenoisingRequest:
         self.step += 1
         self.block_step += 1
 
-        block_start = self.block * p.block_length
-        if not any(self.masked[block_start : block_start + p.block_length]):
-            # A full block skips its remaining steps (LocalLeap can fill one early).
+        if self._block_done():
             self.block += 1
             self.block_step = 0
         prefix_grew = self._advance_prefix()
@@ -230,7 +228,7 @@ class DenoisingRequest:
         end = self.stop_offset if self.stop_offset is not None else self.first_masked
         final_ids = self.generated[:end]
         hit_stop_token = self.stop_offset is not None
-        ending = self.first_masked == p.gen_length or (hit_stop_token and p.early_exit)
+        ending = self.block == p.num_blocks or (hit_stop_token and p.early_exit)
         # The text can only change when the committed prefix grew (or everything held back is released).
         delta = self.text.update(final_ids, complete=ending) if prefix_grew or ending else ""
         if self.text.stopped:
@@ -246,6 +244,13 @@ class DenoisingRequest:
             finished=self.finished,
             result=self.result,
         )
+
+    def _block_done(self) -> bool:
+        """Whether the current block is finished after this step: once it holds no mask (a full block skips its
+        remaining steps; LocalLeap can fill one early). Here that is the only way a block ends, so the committed
+        prefix reaches gen_length exactly when the last block is done."""
+        start = self.block * self.params.block_length
+        return not any(self.masked[start : start + self.params.block_length])
 
     def _advance_prefix(self) -> bool:
         """Extend the committed prefix past newly committed positions, noting its first EOS/EOT.

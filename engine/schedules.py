@@ -47,7 +47,7 @@ def _largest_remainder(shares: list[Fraction], spare: int) -> list[int]:
 
 
 @lru_cache(maxsize=1024)
-def dream_quotas(n: int, steps: int, eps: float = DREAM_TIMESTEP_EPS) -> tuple[int, ...]:
+def dream_quotas(n: int, steps: int, eps: float = DREAM_TIMESTEP_EPS, first_step: int = 0) -> tuple[int, ...]:
     """Dream's linear-timestep transfer schedule (its `diffusion_generate`, every confidence-ranked `alg`).
 
     Time runs from t = 1 to t = eps over `steps` steps (`torch.linspace(1, eps, steps + 1)`); going from t
@@ -56,10 +56,13 @@ def dream_quotas(n: int, steps: int, eps: float = DREAM_TIMESTEP_EPS) -> tuple[i
     It is computed in float32 tensors, as the official code computes it, so the counts agree by
     construction rather than by rounding luck (float64 happens to give the same counts for eps = 1e-3
     and every n ≤ 512, S ≤ n; other eps values and longer blocks were not checked).
+
+    first_step: the schedule from that step on, for `n` masks left there (steps − first_step counts); Fast-dLLM's
+    cached Dream block starts at step 1 (engine/dream_cache.py).
     """
     timesteps = torch.linspace(1, eps, steps + 1)
     quotas, remaining = [], n
-    for t, s in zip(timesteps[:-2], timesteps[1:-1]):
+    for t, s in zip(timesteps[first_step:-2], timesteps[first_step + 1 : -1]):
         quota = int(torch.tensor(float(remaining)) * (1 - s / t))
         quotas.append(quota)
         remaining -= quota

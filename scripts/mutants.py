@@ -32,6 +32,7 @@ SCHEDULES = "engine/schedules.py"
 BATCH = "engine/batch.py"
 MODEL = "engine/model.py"
 DREAM = "engine/dream.py"
+DREAM_CACHE = "engine/dream_cache.py"
 SCHEDULER = "engine/scheduler.py"
 PARAMS = "engine/params.py"
 
@@ -40,6 +41,7 @@ SAMPLER_RULES = "tests/test_sampler_rules.py"
 TEMPERATURE = "tests/test_temperature_sampling.py"
 LLADA_REFERENCE = "tests/test_reference_generate.py"
 FAST_DLLM = "tests/test_kv_cache.py"
+FAST_DLLM_DREAM = "tests/test_dream_kv_cache.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- sampler: temperature --------------------------------------------------------------------------------
@@ -212,8 +214,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sampler-no-early-exit",
         SAMPLER,
-        "ending = self.first_masked == p.gen_length or (hit_stop_token and p.early_exit)",
-        "ending = self.first_masked == p.gen_length",
+        "ending = self.block == p.num_blocks or (hit_stop_token and p.early_exit)",
+        "ending = self.block == p.num_blocks",
         "early exit ends a request once its committed prefix holds an EOS/EOT",
         (f"{LLADA_REFERENCE}::test_early_exit_saves_forward_passes_somewhere",),
     ),
@@ -404,6 +406,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "positions = torch.arange(length, device=input_ids.device)[None].expand(input_ids.shape[0], -1)",
         "a padded Dream row numbers its positions from its first real token",
         ("tests/test_dream_model.py::test_a_row_behind_long_padding_sees_the_positions_it_has_alone",),
+    ),
+    # --- the KV cache on Dream -------------------------------------------------------------------------------------
+    Mutant(
+        "dream-kv-no-block-start-commit",
+        DREAM_CACHE,
+        "if self.block_step == 0:\n            return [self.block * self.params.block_length]",
+        "if False:\n            return [self.block * self.params.block_length]",
+        "a cached Dream block's full forward commits its first position only (the shifted logits)",
+        (f"{FAST_DLLM_DREAM}::test_reproduces_official_fast_dllm_dream_sampler",),
+    ),
+    Mutant(
+        "dream-kv-spent-forward-commits",
+        DREAM_CACHE,
+        "if self._spent_forward():",
+        "if False:",
+        "with one step per block, the official cached forward commits nothing and leaves the block's masks",
+        (f"{FAST_DLLM_DREAM}::test_a_block_with_one_step_keeps_its_masks_and_returns_text_up_to_the_first",),
+    ),
+    Mutant(
+        "dream-kv-schedule-restarts",
+        DREAM_CACHE,
+        "return [1, *dream_quotas(left, steps, eps, first_step=1)]",
+        "return [1, *dream_quotas(left, steps - 1, eps)]",
+        "a cached Dream block continues Dream's time grid after the block-start commit",
+        (f"{FAST_DLLM_DREAM}::test_the_cached_quota_counts_are_the_official_loop_s",),
+    ),
+    Mutant(
+        "dream-kv-positions-count-padding",
+        DREAM,
+        "positions, key_mask = kv.positions, ",
+        "positions, key_mask = kv.columns, ",
+        "a padded cached Dream row keeps its own rotary positions",
+        (f"{FAST_DLLM_DREAM}::test_cached_dream_requests_batched_with_others_match_the_official_runs",),
     ),
     # --- scheduler --------------------------------------------------------------------------------------------------
     Mutant(

@@ -11,6 +11,7 @@ DREAM_FIXTURE_DIR = TESTS_DIR / "fixtures" / "dream-tiny"
 LLADA2_CHAT_FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada2-chat-tiny"
 EMBEDDED_MODEL_DIR = REPO_ROOT / "models" / "tiny-llada-chat"
 FAST_DLLM_DIR = TESTS_DIR / "fixtures" / "fast-dllm"
+FAST_DLLM_DREAM_DIR = TESTS_DIR / "fixtures" / "fast-dllm-dream"
 LLADA2_FIXTURE_DIR = TESTS_DIR / "fixtures" / "llada2-tiny"
 
 
@@ -24,6 +25,12 @@ def reference() -> dict:
 def fast_dllm_reference() -> dict:
     """Official Fast-dLLM sampler runs (no cache, prefix cache, dual cache) on the same fixture checkpoint."""
     return json.loads((FAST_DLLM_DIR / "reference-a.json").read_text())
+
+
+@cache
+def fast_dllm_dream_reference() -> dict:
+    """Official Fast-dLLM Dream sampler runs (prefix / dual cache, quota / threshold) on the Dream fixture."""
+    return json.loads((FAST_DLLM_DREAM_DIR / "reference-a.json").read_text())
 
 
 @cache

@@ -61,6 +61,12 @@ def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
         assert row["forwards"] == 64
         assert 0 <= row["forward_s"] <= row["step_s"] <= row["wall_s"]
         assert row["outside_forward_share"] == pytest.approx(row["sampler_share"] + row["scheduler_share"])
+    # Fast-dLLM's cache on both families, the same requests: still one token per forward.
+    cache_rows = report["kv_cache"]
+    assert [(r["kv_cache"], r["concurrency"]) for r in cache_rows] == [
+        (mode, c) for c in (1, 8) for mode in ("none", "prefix", "dual")
+    ]
+    assert all(r["forwards"] == 64 for r in cache_rows)
 
 
 @pytest.mark.slow  # the script, in a subprocess
@@ -265,29 +271,29 @@ CACHED_SETTINGS = [
 ]
 
 
+@pytest.mark.parametrize("engine_fixture", ["fixture_engine", "dream_engine"])
 @pytest.mark.parametrize(
     "mid_block", [(False, True, True, False), (True,), (False,)], ids=["mixed", "lone-cached", "lone-first-forward"]
 )
-def test_device_side_of_a_cached_step_never_waits_for_the_device(fixture_engine, mid_block):
+def test_device_side_of_a_cached_step_never_waits_for_the_device(request, engine_fixture, mid_block):
     """The KV-cache path (KVFrame forward, cache copies in and out, filler columns, the threshold rule) on the
-    meta device: as above, the only op that may read device data is the packed copy of the proposals."""
+    meta device, for both families that have it: as above, the only op that may read device data is the packed
+    copy of the proposals."""
+    engine = request.getfixturevalue(engine_fixture)
     with torch.device("meta"):
-        model = LLaDAModelLM(fixture_engine.model.config)
+        model = type(engine.model)(engine.model.config)
     meta = torch.device("meta")
     requests = []
     for i, (settings, cached) in enumerate(zip(CACHED_SETTINGS, mid_block)):
-        request = fixture_engine.new_request(
-            prompt_token_ids=list(range(5, 5 + 3 * i + 2)), params=SamplingParams(**settings)
-        )
+        new = engine.new_request(prompt_token_ids=list(range(5, 5 + 3 * i + 2)), params=SamplingParams(**settings))
         if cached:  # as if the block's first forward had run: the next one reads the cache
-            request.block_step = 1
-            request.kv_cache_tensor = torch.empty(model.kv_bytes(request.length) // 4, device=meta).view(
-                model.config.n_layers, 2, model.config.n_kv_heads, request.length, model.config.head_dim
-            )
-        requests.append(request)
+            new.block_step = 1
+            new.kv_cache_tensor = model.new_kv_buffer(1, new.length)[:, :, 0]
+            assert new.kv_cache_tensor.numel() * 4 == model.kv_bytes(new.length)
+        requests.append(new)
     assert any(r.forward_span() != (0, r.length) for r in requests) == any(mid_block)
     with pytest.raises(NotImplementedError, match="meta") as caught:
-        denoise_step(model, requests, meta, fixture_engine.model.config.pad_token_id)
+        denoise_step(model, requests, meta, engine.model.config.pad_token_id)
     assert "packed = " in str(caught.traceback[-1].statement)
 
 

@@ -71,9 +71,10 @@ def test_a_number_that_is_not_a_number_is_out_of_every_range(name):
 
 def test_a_knob_applies_to_the_families_its_spec_names():
     SamplingParams(kv_cache="dual").check_family("llada")
-    SamplingParams().check_family("dream")  # the default is every family's
-    with pytest.raises(InvalidParameter, match='kv_cache: is not supported for dream models yet; use "none"'):
-        SamplingParams(kv_cache="dual").check_family("dream")
+    SamplingParams(kv_cache="dual").check_family("dream")
+    SamplingParams().check_family("llada2")  # the default is every family's
+    with pytest.raises(InvalidParameter, match='kv_cache: is not supported for llada2 models yet; use "none"'):
+        SamplingParams(kv_cache="dual").check_family("llada2")
 
 
 @dataclass(frozen=True)
