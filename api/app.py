@@ -20,6 +20,7 @@ from starlette.routing import Match
 
 from api.docs import docs_router
 from api.errors import client_gone, error_response, sampling_params
+from api.landing import landing_router
 from api.middleware import RequestContextMiddleware
 from api.playground import playground_router
 from api.settings import ApiSettings
@@ -245,6 +246,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(v1)
     app.include_router(playground_router(serving_engine))
     app.include_router(docs_router)
+    app.include_router(landing_router)
     app.add_api_route(
         "/v1/{path:path}",
         unknown_route,
