@@ -58,14 +58,14 @@ def example_curl(base_url: str, with_key: bool) -> str:
     body = json.dumps({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     lines = [f"curl {base_url}/v1/chat/completions", "-H 'Content-Type: application/json'"]
     if with_key:
-        lines.append("-H \"Authorization: Bearer $DLLM_API_KEY\"")
+        lines.append('-H "Authorization: Bearer $DLLM_API_KEY"')
     lines.append(f"-d '{body}'")
     return " \\\n  ".join(lines)
 
 
 def model_rows(engine: Any) -> str:
     if engine is None:
-        return "<dt>Model</dt><dd>loading (<a href=\"/readyz\">/readyz</a> turns 200 when it is ready)</dd>"
+        return '<dt>Model</dt><dd>loading (<a href="/readyz">/readyz</a> turns 200 when it is ready)</dd>'
     family = FAMILIES.get(engine.family, engine.family or "unknown")
     rows = [("Model", f"<code>{escape(engine.model_name)}</code>"), ("Family", escape(family))]
     if engine.max_sequence_length:

@@ -193,7 +193,9 @@ NEAR_NEUTRAL = [
 ]
 
 
-@pytest.mark.parametrize(("endpoint", "field", "value"), NEAR_NEUTRAL, ids=[f"{e}:{f}={v!r}" for e, f, v in NEAR_NEUTRAL])
+@pytest.mark.parametrize(
+    ("endpoint", "field", "value"), NEAR_NEUTRAL, ids=[f"{e}:{f}={v!r}" for e, f, v in NEAR_NEUTRAL]
+)
 def test_values_beside_the_neutral_one_are_refused(service_client, endpoint, field, value):
     response = post(service_client, endpoint, **{field: value})
     assert response.status_code == 400, response.text
