@@ -25,7 +25,7 @@ from schemas.errors import APIError
 from server import engine_setup, native
 from server.connections import connection_stats, install_connection_guard
 from server.drain import Drain
-from server.index_page import SERVICE_DESCRIPTION, DescribedService
+from server.index_page import SERVICE_DESCRIPTION, DescribedService, add_bentoml_explorer
 from server.logs import configure_logging
 from server.middleware import RequestGuard, install_response_start_timeout
 from server.settings import ServerSettings
@@ -39,6 +39,7 @@ except ValueError as error:
     raise SystemExit(f"dllm-serve: invalid configuration: {error}") from None
 drain = Drain(settings.shutdown_grace_s)
 app = create_app(settings.api)
+add_bentoml_explorer(app)  # BentoML's own page, moved from / (now the app's landing page) to /bentoml
 
 # Before BentoML builds its middleware stack (when the service's app is created, after this import) and
 # before uvicorn loads its config (after that).

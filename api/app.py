@@ -20,21 +20,26 @@ from starlette.routing import Match
 
 from api.docs import docs_router
 from api.errors import client_gone, error_response, sampling_params
+from api.landing import landing_router
 from api.middleware import RequestContextMiddleware
 from api.playground import playground_router
 from api.settings import ApiSettings
 from api.streaming import first_event, last_result, read_body, sse_stream, until_disconnect
 from schemas.chat import ChatCompletion, ModelCard, ModelList, parse_chat_request
 from schemas.completions import TextCompletion, parse_completion_request
-from schemas.errors import APIError, ErrorResponse
+from schemas.errors import APIError
 from schemas.openapi import (
     API_DESCRIPTION,
+    BODY_ERRORS,
     CHAT_CHUNK_REF,
     CHAT_REQUEST_REF,
+    COMMON_ERRORS,
     COMPLETION_REQUEST_REF,
     TEXT_CHUNK_REF,
     add_request_schemas,
     declare_api_key,
+    error_responses,
+    remove_validation_422,
 )
 from schemas.responses import ChunkBuilder, ResponseBuilder, TextChunkBuilder
 from schemas.sampling import GenerationRequest
@@ -78,12 +83,7 @@ else:  # FastAPI resolves this at run time, where the engine's classes are not i
 
 # --- /v1 -------------------------------------------------------------------------------------------------
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid request (see `error.code` and `error.param`)."},
-    401: {"model": ErrorResponse, "description": "Missing or wrong API key (only when DLLM_API_KEY is set)."},
-    429: {"model": ErrorResponse, "description": "The request queue is full; see `Retry-After`."},
-}
-
+# The errors each route answers (schemas/openapi.py); the 401 is declared only while a key is set (`openapi`).
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)], tags=["OpenAI-compatible"])
 
 
@@ -97,7 +97,7 @@ def model_card(request: Request, engine: DiffusionEngine) -> ModelCard:
     )
 
 
-@v1.get("/models", response_model=ModelList, responses=_ERRORS)
+@v1.get("/models", response_model=ModelList, responses=error_responses(*COMMON_ERRORS))
 async def list_models(request: Request, engine: EngineDep) -> ModelList:
     """The one loaded model."""
     return ModelList(data=[model_card(request, engine)])
@@ -106,7 +106,7 @@ async def list_models(request: Request, engine: EngineDep) -> ModelList:
 @v1.get(
     "/models/{model:path}",
     response_model=ModelCard,
-    responses={404: {"model": ErrorResponse, "description": "Not the loaded model."}, **_ERRORS},
+    responses=error_responses(404, *COMMON_ERRORS),
 )
 async def retrieve_model(model: str, request: Request, engine: EngineDep) -> ModelCard:
     """The loaded model, if `model` is its id (what the OpenAI SDK's `models.retrieve` calls)."""
@@ -130,12 +130,12 @@ def _generation_route(path: str, response_model: type, chunk_ref: str, request_r
             },
         },
     }
-    too_large = {"model": ErrorResponse, "description": "The body exceeds DLLM_MAX_REQUEST_BYTES (default 2 MiB)."}
     body = {"required": True, "content": {"application/json": {"schema": {"$ref": request_ref}}}}
     return v1.post(
         path,
         response_model=response_model,
-        responses={200: ok, 413: too_large, **_ERRORS},
+        # 429: the engine's queue is full; 504: the service's response-start timeout (server/middleware.py).
+        responses={200: ok, **error_responses(*BODY_ERRORS, 429, 504, *COMMON_ERRORS)},
         openapi_extra={"requestBody": body},
     )
 
@@ -245,6 +245,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(v1)
     app.include_router(playground_router(serving_engine))
     app.include_router(docs_router)
+    app.include_router(landing_router)
     app.add_api_route(
         "/v1/{path:path}",
         unknown_route,
@@ -265,7 +266,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 description=app.description,
                 routes=app.routes,
             )
-            schema = add_request_schemas(schema)
+            schema = remove_validation_422(add_request_schemas(schema))
             schemas[with_key] = declare_api_key(schema, prefix=v1.prefix) if with_key else schema
         return schemas[with_key]
 

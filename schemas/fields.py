@@ -264,27 +264,87 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         neutral=(False,),
         reason="echoing the prompt is not implemented (only echo: false is accepted)",
     ),
-    # --- rejected -------------------------------------------------------------------------------------------
-    OpenAIField("top_p", BOTH, "rejected", "nucleus sampling", reason=_SAMPLING),
-    OpenAIField("presence_penalty", BOTH, "rejected", "per-token autoregressive penalty", reason=_PENALTY),
-    OpenAIField("frequency_penalty", BOTH, "rejected", "per-token autoregressive penalty", reason=_PENALTY),
-    OpenAIField("logit_bias", BOTH, "rejected", "deferred", reason="logit_bias is deferred (no current demand)"),
-    OpenAIField("top_logprobs", CHAT, "rejected", "deferred with `logprobs`", reason=_LOGPROBS),
-    OpenAIField("logprobs", COMPLETIONS, "rejected", "no log-probabilities", reason=_LOGPROBS),
-    OpenAIField("tools", CHAT, "rejected", "function calling", reason=_FUNCTIONS),
-    OpenAIField("tool_choice", CHAT, "rejected", "function calling", reason=_FUNCTIONS),
-    OpenAIField("parallel_tool_calls", CHAT, "rejected", "function calling", reason=_FUNCTIONS),
+    # Refused fields whose neutral value (OpenAI's default, sent explicitly by clients such as LangChain's
+    # `OpenAI`) asks for nothing: neutral since ADR 005's amendment, refused at every other value.
     OpenAIField(
-        "functions", CHAT, "deprecated alias", "of `tools`: rejected like it", reason=_FUNCTIONS, alias_of="tools"
+        "top_p",
+        BOTH,
+        "neutral",
+        "nucleus sampling; `1` (OpenAI's default) keeps every token, a no-op",
+        neutral=(1, 1.0),
+        reason=_SAMPLING + " (only the neutral top_p: 1 is accepted)",
+    ),
+    OpenAIField(
+        "presence_penalty",
+        BOTH,
+        "neutral",
+        "per-token autoregressive penalty; `0` (OpenAI's default) is none",
+        neutral=(0, 0.0),
+        reason=_PENALTY + " (only the neutral presence_penalty: 0 is accepted)",
+    ),
+    OpenAIField(
+        "frequency_penalty",
+        BOTH,
+        "neutral",
+        "per-token autoregressive penalty; `0` (OpenAI's default) is none",
+        neutral=(0, 0.0),
+        reason=_PENALTY + " (only the neutral frequency_penalty: 0 is accepted)",
+    ),
+    OpenAIField(
+        "logit_bias",
+        BOTH,
+        "neutral",
+        "deferred; an empty map biases nothing",
+        neutral=({},),
+        reason="logit_bias is deferred (no current demand; only the empty logit_bias: {} is accepted)",
+    ),
+    OpenAIField(
+        "top_logprobs",
+        CHAT,
+        "neutral",
+        "deferred with `logprobs`",
+        neutral=(0,),
+        reason=_LOGPROBS + " (only top_logprobs: 0 is accepted)",
+    ),
+    OpenAIField(
+        "tools",
+        CHAT,
+        "neutral",
+        "function calling; an empty list offers no tool",
+        neutral=([],),
+        reason=_FUNCTIONS + " (only the empty tools: [] is accepted)",
+    ),
+    OpenAIField(
+        "tool_choice",
+        CHAT,
+        "neutral",
+        'function calling; `"none"` calls no tool',
+        neutral=("none",),
+        reason=_FUNCTIONS + ' (only tool_choice: "none" is accepted)',
+    ),
+    OpenAIField(
+        "functions",
+        CHAT,
+        "deprecated alias",
+        "of `tools`: refused like it",
+        neutral=([],),
+        reason=_FUNCTIONS + " (only the empty functions: [] is accepted)",
+        alias_of="tools",
     ),
     OpenAIField(
         "function_call",
         CHAT,
         "deprecated alias",
-        "of `tool_choice`: rejected like it",
-        reason=_FUNCTIONS,
+        "of `tool_choice`: refused like it",
+        neutral=("none",),
+        reason=_FUNCTIONS + ' (only function_call: "none" is accepted)',
         alias_of="tool_choice",
     ),
+    # --- rejected -------------------------------------------------------------------------------------------
+    # Not neutral at 0: legacy `logprobs: 0` still asks for the chosen token's log-probability.
+    OpenAIField("logprobs", COMPLETIONS, "rejected", "no log-probabilities", reason=_LOGPROBS),
+    # Only null: with no tools, true and false both grant what cannot be used (and OpenAI refuses them too).
+    OpenAIField("parallel_tool_calls", CHAT, "rejected", "function calling", reason=_FUNCTIONS),
     OpenAIField("audio", CHAT, "rejected", "audio output", reason=_TEXT_ONLY),
     OpenAIField(
         "prediction",
@@ -304,9 +364,11 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
     OpenAIField(
         "suffix",
         COMPLETIONS,
-        "rejected",
-        "insertion (text after the completion)",
-        reason="infilling is deferred (a diffusion model could fill a gap, but it is not offered yet)",
+        "neutral",
+        "insertion (text after the completion); an empty suffix inserts nothing",
+        neutral=("",),
+        reason="infilling is deferred (a diffusion model could fill a gap, but it is not offered yet; "
+        'only the empty suffix: "" is accepted)',
     ),
     # --- inside messages ---------------------------------------------------------------------------------
     OpenAIField(
@@ -317,7 +379,14 @@ OPENAI_FIELDS: tuple[OpenAIField, ...] = (
         reason="the models' chat templates have no participant names; put the name in the content",
     ),
     OpenAIField("messages[].role: tool, function", CHAT, "rejected", "tool results", reason=_FUNCTIONS),
-    OpenAIField("messages[].tool_calls", CHAT, "rejected", "an assistant's tool calls", reason=_FUNCTIONS),
+    OpenAIField(
+        "messages[].tool_calls",
+        CHAT,
+        "neutral",
+        "an assistant's tool calls; an empty list is none",
+        neutral=([],),
+        reason=_FUNCTIONS + " (only the empty tool_calls: [] is accepted)",
+    ),
     OpenAIField(
         "messages[].function_call",
         CHAT,

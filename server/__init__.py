@@ -10,7 +10,7 @@ service.py is the BentoML service itself; everything here is what it needs besid
 - `drain.py`: SIGTERM drains running requests before uvicorn's own shutdown.
 - `engine_setup.py`, `logs.py`: the engine from the environment (checked before any worker starts, then
   loaded) and the logging setup around BentoML's.
-- `native.py`, `index_page.py`: BentoML's own API (`/generate`, `/generate_stream`) and its index page.
+- `native.py`, `index_page.py`: BentoML's own API (`/generate`, `/generate_stream`) and its explorer (`/bentoml`).
 
 The dependency goes one way: server imports api, schemas and (inside functions) engine; nothing under
 api/, schemas/ or engine/ imports server, bentoml or uvicorn (tests/test_service_layout.py). Like

@@ -203,7 +203,7 @@ def test_invalid_request_id_is_a_400_carrying_a_generated_uuid7(service_client, 
 
 def test_errors_echo_the_request_id(service_client):
     for response in (
-        service_client.post(URL, json={"messages": MESSAGES, "top_p": 1}, headers={"X-Request-ID": "e-1"}),
+        service_client.post(URL, json={"messages": MESSAGES, "top_p": 0.9}, headers={"X-Request-ID": "e-1"}),
         service_client.post(URL, content=b"{", headers={"X-Request-ID": "e-1", "Content-Type": "application/json"}),
         service_client.post(URL, content=b"{}", headers={"X-Request-ID": "e-1", "Content-Type": "text/plain"}),
         service_client.get("/v1/nothing-here", headers={"X-Request-ID": "e-1"}),
@@ -228,7 +228,7 @@ def test_api_key_when_configured(service_client, configure_app):
         error = response.json()["error"]
         assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
         assert response.headers["X-Request-ID"] == "k-1"
-    response = service_client.post(URL, json={"messages": MESSAGES, "top_p": 1})
+    response = service_client.post(URL, json={"messages": MESSAGES, "top_p": 0.9})
     assert response.status_code == 401  # authentication comes before validation
     authorized = {"Authorization": "Bearer sekrit"}
     assert service_client.get("/v1/models", headers=authorized).status_code == 200

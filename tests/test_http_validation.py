@@ -36,26 +36,27 @@ def assert_error(response, status: int, code: str, param: str | None):
 
 ADR_REJECTED = [
     ("top_p", 0.9),
-    ("top_p", 1),  # any value, even OpenAI's default
+    ("top_p", 0.9),  # any value but the neutral 1 (ADR 005's amendment)
+    ("top_p", True),  # a boolean is not the number 1
     ("top_k", 5),
     ("top_k", 1.0),  # a float is not the neutral integer 1
     ("top_k", 0),
-    ("presence_penalty", 0),
+    ("presence_penalty", False),  # a boolean is not the number 0
     ("presence_penalty", 0.5),
     ("frequency_penalty", 0.5),
     ("n", 2),
     ("n", True),  # a boolean is not the integer 1
     ("n", 1.0),
-    ("logit_bias", {}),
+    ("logit_bias", []),  # not the empty map
     ("logit_bias", {"50256": -100}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tools", []),
-    ("tool_choice", "none"),
+    ("tool_choice", "auto"),
+    ("tool_choice", "required"),
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
     ("logprobs", True),
     ("logprobs", 0),  # not the neutral false
-    ("top_logprobs", 0),
+    ("top_logprobs", 0.0),  # a float is not the neutral integer 0
     ("top_logprobs", 5),
 ]
 
@@ -71,12 +72,14 @@ def test_adr_rejection_explains_why(service_client):
     message = chat(service_client, top_p=0.9).json()["error"]["message"]
     assert message.startswith("top_p is not supported (ADR 005, docs/adr/005-openai-compatible-api.md): ")
     assert "temperature" in message
-    assert "function calling" in chat(service_client, tools=[]).json()["error"]["message"]
+    assert "function calling" in chat(service_client, tool_choice="auto").json()["error"]["message"]
 
 
 def test_neutral_and_null_values_of_rejected_fields_are_accepted(service_client):
     nulls = {field: None for field, _ in ADR_REJECTED}
-    response = chat(service_client, **{**nulls, "n": 1, "top_k": 1, "logprobs": False})
+    neutral = {"n": 1, "top_k": 1, "logprobs": False, "top_p": 1, "presence_penalty": 0, "frequency_penalty": 0.0}
+    neutral |= {"logit_bias": {}, "tools": [], "tool_choice": "none", "functions": [], "top_logprobs": 0}
+    response = chat(service_client, **{**nulls, **neutral})
     assert response.status_code == 200, response.text
 
 

@@ -134,14 +134,14 @@ REFUSED = {
     ("chat", "verbosity"): "low",
     ("chat", "top_p"): 0.95,
     ("chat", "presence_penalty"): 0.5,
-    ("chat", "frequency_penalty"): 0,
+    ("chat", "frequency_penalty"): -0.5,
     ("chat", "logit_bias"): {"5": 1},
     ("chat", "top_logprobs"): 2,
     ("chat", "tools"): [{"type": "function", "function": {"name": "f"}}],
     ("chat", "tool_choice"): "auto",
     ("chat", "parallel_tool_calls"): False,
     ("chat", "functions"): [{"name": "f"}],
-    ("chat", "function_call"): "none",
+    ("chat", "function_call"): "auto",
     ("chat", "audio"): {"voice": "alloy", "format": "wav"},
     ("chat", "prediction"): {"type": "content", "content": "x"},
     ("chat", "web_search_options"): {},
@@ -152,10 +152,10 @@ REFUSED = {
     ("completions", "echo"): True,
     ("completions", "logprobs"): 0,
     ("completions", "suffix"): "end",
-    ("completions", "top_p"): 1,
+    ("completions", "top_p"): 0.9,
     ("completions", "presence_penalty"): 1,
     ("completions", "frequency_penalty"): 0.1,
-    ("completions", "logit_bias"): {},
+    ("completions", "logit_bias"): {"50256": -100},
 }
 
 
@@ -176,6 +176,38 @@ def test_refused_value_is_a_400_naming_the_field_and_why(service_client, key, va
     row = openai_field(endpoint, field)
     assert error["message"] == row.rejection_message()
     assert "ADR 005, docs/adr/005-openai-compatible-api.md" in error["message"] and row.reason in error["message"]
+
+
+# A neutral value of another JSON type, or a value next to it, asks for something else (or is a mistake).
+NEAR_NEUTRAL = [
+    ("chat", "top_p", True),
+    ("chat", "top_p", "1"),
+    ("completions", "top_p", 0.999),
+    ("chat", "presence_penalty", False),
+    ("completions", "frequency_penalty", 1e-9),
+    ("chat", "logit_bias", []),
+    ("chat", "tools", {}),
+    ("chat", "tool_choice", "None"),
+    ("chat", "top_logprobs", False),
+    ("completions", "suffix", " "),
+]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "field", "value"), NEAR_NEUTRAL, ids=[f"{e}:{f}={v!r}" for e, f, v in NEAR_NEUTRAL]
+)
+def test_values_beside_the_neutral_one_are_refused(service_client, endpoint, field, value):
+    response = post(service_client, endpoint, **{field: value})
+    assert response.status_code == 400, response.text
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == ("unsupported_parameter", field)
+
+
+def test_the_neutral_values_langchains_legacy_openai_class_sends_are_accepted(service_client):
+    # langchain_openai.OpenAI's defaults, as it sends them (tests/test_real_clients.py calls the class itself).
+    defaults = {"temperature": 0.7, "top_p": 1, "frequency_penalty": 0, "presence_penalty": 0, "n": 1}
+    response = post(service_client, "completions", **defaults, seed=None, logprobs=None)
+    assert response.status_code == 200, response.text
+    assert post(service_client, "chat", **defaults, logit_bias={}, tools=[], tool_choice="none").status_code == 200
 
 
 MESSAGE_REFUSALS = [
@@ -212,6 +244,9 @@ def test_null_message_fields_and_cache_breakpoints_are_accepted(service_client):
     parts = [{"type": "text", "text": "What is 2 plus 3?", "prompt_cache_breakpoint": {"mode": "explicit"}}]
     message = {"role": "user", "content": parts, "name": None, "tool_calls": None, "refusal": None}
     assert service_client.post(CHAT_URL, json={"messages": [message], **SMALL}).status_code == 200
+    earlier = {"role": "assistant", "content": "5", "tool_calls": []}  # what some clients send for "no calls"
+    messages = [*MESSAGES, earlier, {"role": "user", "content": "And 3 plus 4?"}]
+    assert service_client.post(CHAT_URL, json={"messages": messages, **SMALL}).status_code == 200
 
 
 def test_developer_messages_are_system_messages(service_client):

@@ -100,6 +100,19 @@ def test_langchain_chat_openai_invoke_and_stream_with_usage(v1):
     assert usage and usage[-1]["output_tokens"] == answer.usage_metadata["output_tokens"]
 
 
+def test_langchain_legacy_openai_class_with_its_defaults(fixture_model_server):
+    # It sends top_p: 1, frequency_penalty: 0, presence_penalty: 0, n: 1, logprobs: null, seed: null and
+    # temperature 0.7 to /v1/completions: the neutral values (ADR 005's amendment) must pass.
+    langchain_openai = pytest.importorskip("langchain_openai")
+
+    llm = langchain_openai.OpenAI(model="llada-tiny", base_url=f"{fixture_model_server}/v1", api_key="any string")
+    assert (llm.top_p, llm.frequency_penalty, llm.presence_penalty) == (1, 0, 0)  # the defaults this test is about
+    text = llm.invoke(RAW_PROMPT)  # all defaults: max_tokens 256, temperature 0.7
+    assert isinstance(text, str) and text
+    pieces = list(llm.stream(RAW_PROMPT, max_tokens=16))
+    assert pieces and all(isinstance(piece, str) for piece in pieces) and "".join(pieces)
+
+
 # --- LlamaIndex ---------------------------------------------------------------------------------------
 
 
