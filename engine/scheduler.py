@@ -58,6 +58,12 @@ class SchedulerConfig:
         (`engine.memory.default_kv_cache_budget`).
     max_preparing: async requests being tokenized or queued for it (engine/preparation.py) at most; one
         more raises EngineOverloaded. They also count against `capacity`. None: `capacity`.
+    max_prompt_tokens: the longest prompt served, in tokens, whatever the model's context allows: a step's
+        time grows with the square of its length, and a prompt this host cannot serve in reasonable time is
+        refused (400) rather than left to hold the engine for minutes. None: the engine picks one for its
+        device (`engine.memory.default_max_prompt_tokens`).
+    step_token_budget: the most positions (rows × padded width) a shared forward computes: requests share a
+        forward only within it, and one wider request runs alone. None: the engine picks one for its device.
     """
 
     max_batch_size: int = 8
@@ -65,11 +71,21 @@ class SchedulerConfig:
     max_wait_ms: float = 0.0
     kv_cache_budget_bytes: int | None = None
     max_preparing: int | None = None
+    max_prompt_tokens: int | None = None
+    step_token_budget: int | None = None
+
+    OPTIONAL = ("max_preparing", "max_prompt_tokens", "step_token_budget")
 
     def __post_init__(self) -> None:
-        for name, minimum in (("max_batch_size", 1), ("max_waiting", 0), ("max_preparing", 1)):
+        for name, minimum in (
+            ("max_batch_size", 1),
+            ("max_waiting", 0),
+            ("max_preparing", 1),
+            ("max_prompt_tokens", 1),
+            ("step_token_budget", 1),
+        ):
             value = getattr(self, name)
-            if name == "max_preparing" and value is None:
+            if name in self.OPTIONAL and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"SchedulerConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
@@ -86,6 +102,8 @@ class SchedulerConfig:
         "max_wait_ms": "DLLM_MAX_WAIT_MS",
         "kv_cache_budget_bytes": "DLLM_KV_CACHE_BUDGET_MB",
         "max_preparing": "DLLM_MAX_PREPARING",
+        "max_prompt_tokens": "DLLM_MAX_PROMPT_TOKENS",
+        "step_token_budget": "DLLM_STEP_TOKEN_BUDGET",
     }
 
     @property
@@ -100,26 +118,35 @@ class SchedulerConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SchedulerConfig:
         """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING, DLLM_MAX_WAIT_MS,
-        DLLM_KV_CACHE_BUDGET_MB (MiB) and DLLM_MAX_PREPARING."""
+        DLLM_KV_CACHE_BUDGET_MB (MiB), DLLM_MAX_PREPARING, DLLM_MAX_PROMPT_TOKENS and DLLM_STEP_TOKEN_BUDGET.
+        Integers are ASCII digits only (`int` would also take "٣" or "1_000")."""
         environ = os.environ if environ is None else environ
         values: dict = {}
         for name, var in cls.ENV_VARS.items():
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
-            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else int
+            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else _ascii_int
             try:
+                if not raw.isascii():  # float and int read other scripts' digits too ("٣" is 3)
+                    raise ValueError(f"must be written with ASCII digits, got {raw!r}")
                 values[name] = parse(raw)
                 cls(**{name: values[name]})  # the range check, while we still know which variable it was
             except ValueError as error:
                 kind = "a number" if parse is float else "an integer"
-                reason = error if name in values else f"must be {kind}"
+                reason = error if name in values or not raw.isascii() else f"must be {kind}"
                 raise ValueError(f"{var}={raw!r}: {reason}") from None
         return cls(**values)
 
 
+def _ascii_int(raw: str) -> int:
+    if not (raw.isascii() and raw.lstrip("-").isdigit()):
+        raise ValueError(raw)
+    return int(raw)
+
+
 def _mebibytes(raw: str) -> int:
-    return int(raw) * 2**20
+    return _ascii_int(raw) * 2**20
 
 
 class StepsRequests(Protocol):

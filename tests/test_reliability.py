@@ -359,6 +359,63 @@ def test_oversized_prompts_do_not_slow_down_a_small_request(server, http):
     assert ratio < 5, (alone, beside_burst)
 
 
+def test_thousands_of_empty_messages_are_refused_before_tokenizing_and_delay_nobody(server, http):
+    """Issue 31: 20,000 empty messages are a 580 KB body whose content is empty, so a bound counting content alone
+    let them through to seconds of tokenizing before their 400, and a small request waited behind them. The
+    chat template's own tokens per message rule them out at once."""
+    empty = json.dumps({"messages": [{"role": "user", "content": ""}] * 20_000}).encode()
+    clients = [httpx.Client(base_url=server.base_url, timeout=HANG_GUARD_S) for _ in range(4)]
+
+    def small_latency() -> float:
+        started = time.perf_counter()
+        assert http.post("/v1/chat/completions", json=SHORT).status_code == 200
+        return time.perf_counter() - started
+
+    def send_empty(client: httpx.Client) -> httpx.Response:
+        return client.post("/v1/chat/completions", content=empty, headers={"Content-Type": "application/json"})
+
+    try:
+        small_latency()  # warm-up
+        alone, beside, refusals = [], [], []
+        with ThreadPoolExecutor(len(clients)) as pool:
+            for _ in range(3):
+                alone.append(small_latency())
+                burst = [pool.submit(send_empty, client) for client in clients]
+                time.sleep(0.2)
+                beside.append(small_latency())
+                refusals += [future.result() for future in burst]
+    finally:
+        for client in clients:
+            client.close()
+    assert {r.status_code for r in refusals} == {400}
+    assert all("20000 messages" in r.json()["error"]["message"] for r in refusals)
+    ratio = statistics.median(beside) / statistics.median(alone)
+    assert ratio < 5, (alone, beside)
+
+
+def test_bentomls_routes_have_the_body_limits_of_v1(server):
+    """Issue 31: /generate read a 300 MB body in full. The size limit (413) and the body deadline (408) hold
+    on BentoML's own routes too, in the server's envelope."""
+    limit = 2 * 2**20  # DLLM_MAX_REQUEST_BYTES's default
+    big = b'{"prompt": "' + b"a" * (limit + 10) + b'"}'
+    for route in ("/generate", "/generate_stream"):
+        by_length = httpx.post(f"{server.base_url}{route}", content=big, headers={"Content-Type": "application/json"})
+        assert by_length.status_code == 413 and by_length.json()["error"]["code"] == "request_too_large"
+
+        def chunks():
+            for i in range(0, len(big), 65536):
+                yield big[i : i + 65536]
+
+        chunked = httpx.post(
+            f"{server.base_url}{route}", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+        assert chunked.headers["X-Request-ID"]
+    head = post_head(100).replace(b"/v1/chat/completions", b"/generate")
+    reply_head, _, body = read_until_closed(raw_connection(server, head + b'{"prompt"')).partition(b"\r\n\r\n")
+    assert reply_head.startswith(b"HTTP/1.1 408 ") and json.loads(body)["error"]["code"] == "request_timeout"
+
+
 def test_only_json_bodies_are_accepted(http):
     body = json.dumps(SHORT)
     for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}, {}):

@@ -195,7 +195,7 @@ def run(coroutine, timeout: float = 10):
 
 
 def test_a_body_in_time_passes_through():
-    guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=1.0)
+    guard = RequestGuard(echo_body, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=1.0))
     exchange = Exchange([(0.05, b'{"a":'), (0.05, b"1}")])
     run(guard(http_scope(), exchange.receive, exchange.send))
     assert exchange.status == 200
@@ -204,7 +204,7 @@ def test_a_body_in_time_passes_through():
 
 @pytest.mark.parametrize("chunks", [[(None, b"")], [(0.0, b'{"mess'), (None, b"")], [(0.2, b"{")] * 10])
 def test_a_stalled_or_slow_body_gets_a_408_that_closes_the_connection(chunks):
-    guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=0.5)
+    guard = RequestGuard(echo_body, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=0.5))
     exchange = Exchange(chunks)
     run(guard(http_scope(), exchange.receive, exchange.send))
     assert exchange.status == 408
@@ -223,7 +223,7 @@ def test_a_stalled_or_slow_body_gets_a_408_that_closes_the_connection(chunks):
     ],
 )
 def test_bodies_must_be_json(content_type, method, length, status):
-    guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=1.0)
+    guard = RequestGuard(echo_body, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=1.0))
     exchange = Exchange([(0.0, b"{}" if length else b"")])
     run(guard(http_scope(method, content_type=content_type, body_length=length), exchange.receive, exchange.send))
     assert exchange.status == status
@@ -234,7 +234,7 @@ def test_bodies_must_be_json(content_type, method, length, status):
 def test_while_draining_new_requests_get_a_503_but_probes_are_served():
     drain = Drain(grace_s=5)
     drain.draining = True
-    guard = RequestGuard(echo_body, drain, body_timeout_s=1.0)
+    guard = RequestGuard(echo_body, drain, settings=ServerSettings(body_timeout_s=1.0))
     refused, probe = Exchange([(0.0, b"{}")]), Exchange([(0.0, b"")])
     run(guard(http_scope(), refused.receive, refused.send))
     run(guard(http_scope("GET", "/readyz", None), probe.receive, probe.send))
@@ -245,7 +245,7 @@ def test_while_draining_new_requests_get_a_503_but_probes_are_served():
 
 def test_an_upload_still_arriving_when_the_drain_begins_gets_the_503_at_once():
     drain = Drain(grace_s=60)
-    guard = RequestGuard(echo_body, drain, body_timeout_s=60)
+    guard = RequestGuard(echo_body, drain, settings=ServerSettings(body_timeout_s=60))
     exchange = Exchange([(0.0, b'{"mess'), (None, b"")])
 
     async def scenario():
