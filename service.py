@@ -31,6 +31,9 @@ from server.settings import ServerSettings
 if TYPE_CHECKING:
     from engine import DiffusionEngine
 
+# How long stopping the engine waits for its scheduler thread (on the event loop: SIGTERM's exit stays bounded).
+ENGINE_STOP_WAIT_S = 1.0
+
 try:
     settings = ServerSettings.from_env()
 except ValueError as error:
@@ -118,8 +121,10 @@ class DiffusionLLMService:
 
     @bentoml.on_shutdown
     def stop_engine(self) -> None:
+        # Pending requests are failed at once; the scheduler thread gets a moment to end, not the rest of a
+        # forward that may run for minutes (it is a daemon thread: the process exits without it).
         if self.engine is not None:
-            self.engine.shutdown()
+            self.engine.shutdown(timeout=ENGINE_STOP_WAIT_S)
 
 
 # Around the whole app, BentoML's routes included; the first added is the outermost. CORS first, so that

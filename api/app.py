@@ -132,7 +132,7 @@ def check_message_count(body: bytes, max_messages: int | None) -> None:
         raise APIError.invalid_value(
             "messages",
             f"The body has {count} messages; with this model's chat template no prompt of more than {max_messages} "
-            "messages fits its maximum prompt length.",
+            "messages fits in the tokens a prompt may have (the model's context, or DLLM_MAX_PROMPT_TOKENS).",
         )
 
 

@@ -170,12 +170,15 @@ class DiffusionEngine:
 
     @property
     def max_prompt_messages(self) -> int | None:
-        """More chat messages than this can never fit, whatever their content: each adds at least
-        `tokenizer.message_overhead.special_tokens` tokens. None: the template adds none (no bound)."""
-        per_message = self.tokenizer.message_overhead.special_tokens
-        if per_message == 0:
+        """More chat messages than this can never fit, whatever their content (the bound of
+        `check_prompt_size` for empty messages, beside the smallest canvas). None: the template adds nothing
+        countable per message."""
+        overhead = self.tokenizer.message_overhead
+        per_token = self.tokenizer.max_chars_per_token
+        per_message = overhead.special_tokens + (overhead.chars / per_token if per_token is not None else 0)
+        if per_message <= 0:
             return None
-        return min(self.max_sequence_length - 1, self.max_prompt_tokens) // per_message
+        return int(min(self.max_sequence_length - 1, self.max_prompt_tokens) / per_message)
 
     def check_prompt_size(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Refuse, without tokenizing, a prompt too long for any tokenization of it to fit; return an estimate

@@ -34,6 +34,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from math import inf
 from typing import Protocol
 
 from engine.batching_policy import ForwardCost, next_batch
@@ -181,7 +182,7 @@ class RequestHandle:
         )
         self.submitted_at = time.monotonic()
         self.order = order  # submission order: FIFO admission and a deterministic tie-break
-        self.last_stepped = -1  # scheduler iteration of this request's last step (-1: never stepped)
+        self.start_tag = 0.0  # when its next step is due, in the scheduler's virtual time (set at admission)
         self.cancelled = False  # set by the consumer; the scheduler acts on it at its next iteration
         self.done = False  # set by the scheduler once the last item is on its way
         self._scheduler = scheduler
@@ -259,6 +260,9 @@ class Scheduler:
         # Owned by the scheduler thread.
         self._active: list[RequestHandle] = []
         self._iteration = 0
+        # Start-time fair queuing (engine/batching_policy.py, `next_batch`): the start tag of the forward that
+        # ran last, where a request admitted now starts.
+        self._virtual_time = 0.0
         self._order = itertools.count()
         self.forward_cost = ForwardCost()
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
@@ -305,12 +309,19 @@ class Scheduler:
             self._cond.notify()
 
     def shutdown(self, drain: bool = False, timeout: float | None = None) -> None:
-        """Stop the thread. drain=False fails every pending request with EngineShutdown at the next step
-        boundary; drain=True first finishes them (new submissions are refused either way)."""
+        """Stop the thread, waiting for it up to `timeout` (None: until it ends). drain=True first finishes the
+        pending requests; drain=False fails each with EngineShutdown now, even one inside a forward that runs
+        on for minutes: its consumer is told at once, and the forward's result is dropped when it ends. New
+        submissions are refused either way."""
         with self._cond:
             self._stopping = True
             self._drain = drain
             self._cond.notify()
+            failed = [] if drain else [h for h in self._active + list(self._waiting) if not h.done and not h.cancelled]
+            for handle in failed:
+                handle.done = True  # the scheduler thread delivers nothing more to it
+        ending = EngineShutdown("the engine was shut down before this request finished")
+        self._deliver([(handle, ending) for handle in failed])
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -322,7 +333,8 @@ class Scheduler:
             while self._admit():
                 self._drop_cancelled()
                 if self._active:
-                    self._step(next_batch(self._active, self.forward_cost.overhead_tokens))
+                    budget = self.config.step_token_budget or inf
+                    self._step(next_batch(self._active, self.forward_cost.overhead_tokens, budget))
         except BaseException as crash:  # noqa: BLE001 - a scheduler bug must not leave consumers hanging
             logger.exception("the scheduler thread crashed; failing every pending request")
             ending = crash
@@ -332,7 +344,7 @@ class Scheduler:
                 pending = self._active + list(self._waiting)
                 self._waiting.clear()
                 self._leave(list(self._active))
-            self._deliver([(h, ending) for h in pending if not h.cancelled])
+            self._deliver([(h, ending) for h in pending if not h.cancelled and not h.done])
             for handle in pending:
                 if handle.cancelled:
                     self._retire_cancelled(handle)
@@ -357,6 +369,7 @@ class Scheduler:
                 self._waiting and len(self._active) < self.config.max_batch_size and self._cache_fits(self._waiting[0])
             ):
                 handle = self._waiting.popleft()
+                handle.start_tag = self._virtual_time  # due now: as if it had been stepping all along
                 self._active.append(handle)
                 self._kv_cache_reserved += handle.kv_cache_bytes
                 changed = True
@@ -391,8 +404,7 @@ class Scheduler:
 
     def _step(self, batch: list[RequestHandle]) -> None:
         self._iteration += 1
-        for handle in batch:
-            handle.last_stepped = self._iteration
+        self._virtual_time = min(h.start_tag for h in batch)
         width = max(h.step_width for h in batch)  # before the step moves the requests on
         started = time.perf_counter()
         try:
@@ -401,7 +413,10 @@ class Scheduler:
             logger.exception("a forward pass failed; failing the %d request(s) of its batch", len(batch))
             results = [error] * len(batch)
         else:
-            self.forward_cost.observe(len(batch) * width, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            for handle in batch:
+                handle.start_tag += seconds  # each member's share of the engine: the whole forward's time
+            self.forward_cost.observe(len(batch) * width, seconds)
             committed = sum(len(r.committed) for r in results if isinstance(r, StepEvent))
             self.stats.forward_done(len(batch), committed)
             for result in results:
@@ -410,19 +425,19 @@ class Scheduler:
 
         outbox: list[tuple[RequestHandle, _Item]] = []
         retired: list[RequestHandle] = []
-        for handle, result in zip(batch, results, strict=True):
-            if handle.cancelled:
-                continue  # dropped (and counted as cancelled) at the next iteration
-            last = isinstance(result, Exception) or result.finished
-            if last or handle.every_event:
-                outbox.append((handle, result))
-            if last:
-                handle.done = True
-                retired.append(handle)
-                if isinstance(result, StepEvent):
-                    self.stats.request_completed(time.monotonic() - handle.submitted_at)
-        if retired:
-            with self._cond:
+        with self._cond:  # against `shutdown`, which may have failed some of these during the forward
+            for handle, result in zip(batch, results, strict=True):
+                if handle.cancelled or handle.done:
+                    continue  # dropped (and counted as cancelled) at the next iteration, or already failed
+                last = isinstance(result, Exception) or result.finished
+                if last or handle.every_event:
+                    outbox.append((handle, result))
+                if last:
+                    handle.done = True
+                    retired.append(handle)
+                    if isinstance(result, StepEvent):
+                        self.stats.request_completed(time.monotonic() - handle.submitted_at)
+            if retired:
                 self._leave(retired)
         self._deliver(outbox)
 

@@ -463,18 +463,24 @@ def test_at_the_cap_the_oldest_waiting_connection_makes_room(guarded_protocol):
     assert third.written == b""
 
 
-def test_at_the_cap_with_every_connection_busy_a_new_one_gets_a_503(guarded_protocol):
+def test_at_the_cap_with_every_connection_busy_only_a_probe_gets_through(guarded_protocol):
     async def scenario():
         loop = asyncio.get_running_loop()
         busy = [guarded_protocol(loop) for _ in range(2)]
         for protocol, _ in busy:
             protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
-        _, refused = guarded_protocol(loop)
+        not_a_probe, refused = guarded_protocol(loop)
+        not_a_probe.data_received(b"GET /v1/mod")  # past the cap: it waits for the request line to show a probe
+        waited = refused.written
+        not_a_probe.data_received(b"els HTTP/1.1\r\nHost: x\r\n\r\n")
+        probe, probe_transport = guarded_protocol(loop)
+        probe.data_received(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         await asyncio.sleep(0)
-        return [transport.closed for _, transport in busy], refused
+        return [transport.closed for _, transport in busy], waited, refused, probe_transport
 
-    busy_closed, refused = run(scenario())
-    assert busy_closed == [False, False]
+    busy_closed, waited, refused, probe = run(scenario())
+    assert busy_closed == [False, False] and waited == b""
     head, _, body = refused.written.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in head
     assert json.loads(body)["error"]["code"] == "too_many_connections"
+    assert not probe.written.startswith(b"HTTP/1.1 503 ")  # the probe went on to the app
