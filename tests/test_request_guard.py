@@ -56,11 +56,25 @@ def test_settings_read_every_variable():
         ("DLLM_CORS_ORIGINS", "https://a.example/path"),
         ("DLLM_MAX_REQUEST_BYTES", "-5"),
         ("DLLM_LOG_LEVEL", "LOUD"),
+        ("DLLM_MAX_CONNECTIONS", "²"),  # str.isdigit says yes, int says no
+        ("DLLM_MAX_CONNECTIONS", "٣"),  # int would read it as 3
+        ("DLLM_MAX_REQUEST_BYTES", "²"),
+        ("DLLM_KEEP_ALIVE_TIMEOUT_S", "1e-9"),  # would close every connection as it opens
+        ("DLLM_SEND_TIMEOUT_S", "٣"),  # float reads it as 3.0
     ],
 )
 def test_a_bad_setting_is_an_error_naming_it(variable, value):
     with pytest.raises(ValueError, match=variable):
         ServerSettings.from_env({variable: value})
+
+
+@pytest.mark.parametrize("value", ["٣", "²", "1_000", "3.0", "-1"])
+def test_a_scheduler_integer_in_anything_but_ascii_digits_is_refused_naming_it(value):
+    from engine.scheduler import SchedulerConfig
+
+    for variable in ("DLLM_MAX_WAITING", "DLLM_MAX_PROMPT_TOKENS"):
+        with pytest.raises(ValueError, match=variable):
+            SchedulerConfig.from_env({variable: value})
 
 
 def test_the_apps_settings_are_read_with_the_servers(monkeypatch):
