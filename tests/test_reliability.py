@@ -330,7 +330,9 @@ def test_with_every_connection_busy_a_new_one_gets_a_503(server):
         # Until the server has read a connection's head it is waiting for a request, and the next connection
         # would take its place instead of being refused.
         time.sleep(0.5)
-        head, _, body = read_until_closed(raw_connection(server)).partition(b"\r\n\r\n")
+        # Past the cap a connection waits for its request line (a probe would be served: the next test).
+        newcomer = raw_connection(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n")
+        head, _, body = read_until_closed(newcomer).partition(b"\r\n\r\n")
     finally:
         for connection in busy:
             connection.close()
