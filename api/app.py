@@ -8,7 +8,7 @@ host (service.py) sets once the model is loaded (None until then: a 503); the li
 
 from __future__ import annotations
 
-import secrets
+import re
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,7 +23,7 @@ from api.errors import client_gone, error_response, sampling_params
 from api.landing import landing_router
 from api.middleware import RequestContextMiddleware
 from api.playground import playground_router
-from api.settings import ApiSettings
+from api.settings import ApiSettings, key_matches
 from api.streaming import first_event, last_result, read_body, sse_stream, until_disconnect
 from schemas.chat import ChatCompletion, ModelCard, ModelList, parse_chat_request
 from schemas.completions import TextCompletion, parse_completion_request
@@ -63,8 +63,7 @@ def check_api_key(
     expected = app_settings(request).api_key
     if expected is None:
         return
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
+    if not key_matches(authorization, expected):
         raise APIError.invalid_api_key()
 
 
@@ -115,6 +114,28 @@ async def retrieve_model(model: str, request: Request, engine: EngineDep) -> Mod
     return model_card(request, engine)
 
 
+# A message's "role" key: a key is the only JSON string followed by a colon. A "role" key elsewhere in the body
+# (metadata) can only be counted once more per occurrence, and an escaped spelling not at all: the count is
+# an estimate that errs low, except by such extra keys.
+ROLE_KEY = re.compile(rb'"role"\s*:')
+
+
+def check_message_count(body: bytes, max_messages: int | None) -> None:
+    """Refuse a chat body with more messages than any prompt that fits can have, before parsing it: 20,000
+    empty messages are a 580 KB body that takes the event loop a quarter of a second to validate, and they
+    can only be refused in the end (each message adds template tokens). A count of a regular expression over
+    the raw bytes costs a millisecond."""
+    if max_messages is None:
+        return
+    count = len(ROLE_KEY.findall(body))
+    if count > max_messages:
+        raise APIError.invalid_value(
+            "messages",
+            f"The body has {count} messages; with this model's chat template no prompt of more than {max_messages} "
+            "messages fits in the tokens a prompt may have (the model's context, or DLLM_MAX_PROMPT_TOKENS).",
+        )
+
+
 def _generation_route(path: str, response_model: type, chunk_ref: str, request_ref: str, what: str) -> Any:
     """`v1.post` for a generation endpoint: its JSON response or event stream, its errors, and its request body,
     declared by hand (the routes read their body themselves: a size limit, strict JSON)."""
@@ -144,7 +165,9 @@ def _generation_route(path: str, response_model: type, chunk_ref: str, request_r
 async def create_chat_completion(request: Request, engine: EngineDep) -> Response:
     """Chat completion by diffusion (ADR 005, docs/adr/005-openai-compatible-api.md): the body is validated
     strictly, see the request schema."""
-    chat = parse_chat_request(await read_body(request, app_settings(request).max_request_bytes))
+    body = await read_body(request, app_settings(request).max_request_bytes)
+    check_message_count(body, engine.max_prompt_messages)
+    chat = parse_chat_request(body)
     return await generate(request, engine, chat, ChunkBuilder)
 
 
@@ -222,6 +245,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 404:
         return error_response(APIError.not_found(request.method, request.url.path))
+    if exc.status_code == 405:  # a method no route of the path takes (TRACE, a lowercase "post", ...)
+        allowed = allowed_methods(request.app, request.scope)
+        return error_response(APIError.method_not_allowed(request.method, request.url.path, allowed))
     return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))
 
 

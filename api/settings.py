@@ -7,6 +7,7 @@ new key or limit takes a restart, as every other setting does.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 # A LLaDA-8B prompt fits in 4,096 tokens, a few hundred KB of JSON at most: a bigger body cannot be served,
@@ -21,3 +22,10 @@ class ApiSettings:
     # None: /v1 is open. Otherwise every /v1 request needs `Authorization: Bearer <key>`. Kept out of the
     # repr, so that logging the settings never logs the key.
     api_key: str | None = field(default=None, repr=False)
+
+
+def key_matches(authorization: str | None, expected: str) -> bool:
+    """Whether an Authorization header carries `Bearer <expected>`; the comparison takes the same time
+    whatever the header holds (no timing hint about the key). One definition for /v1 and BentoML's routes."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), expected.encode())

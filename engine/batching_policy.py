@@ -33,7 +33,7 @@ class BatchCandidate(Protocol):
     def order(self) -> int: ...  # submission order: the tie-break
 
     @property
-    def last_stepped(self) -> int: ...  # scheduler iteration of its last step (-1: never stepped)
+    def start_tag(self) -> float: ...  # when its next step is due, in the scheduler's virtual time (below)
 
 
 Candidate = TypeVar("Candidate", bound=BatchCandidate)
@@ -79,7 +79,9 @@ class ForwardCost:
         self.overhead_tokens = intercept / slope
 
 
-def length_groups(active: list[Candidate], overhead_tokens: float) -> list[list[Candidate]]:
+def length_groups(
+    active: list[Candidate], overhead_tokens: float, token_budget: float = float("inf")
+) -> list[list[Candidate]]:
     """Split the active set into the groups that share a forward, at the least estimated cost per round.
 
     A `force_single_batch` request is a group of its own (bit-reproducible output whatever the load).
@@ -87,12 +89,17 @@ def length_groups(active: list[Candidate], overhead_tokens: float) -> list[list[
     groups minimising Σ_groups (overhead_tokens + rows × widest step): the cost, in tokens, of one round in
     which every request steps once. Minimising it maximises throughput and minimises every request's time
     per step alike; requests running block-sized cached steps, for one, are not padded up to the whole
-    canvases of others unless padding is cheaper than another forward on this device. A dynamic programme
-    over at most max_batch_size requests; ties keep groups merged.
+    canvases of others unless padding is cheaper than another forward on this device. A group of several
+    requests computes at most `token_budget` positions (rows × widest step): a request wider than that, a long
+    prompt, runs alone, so a short request's step is never padded to a long one, however cheap padding looks.
+    A dynamic programme over at most max_batch_size requests; ties keep groups merged.
     """
     singles = [[request] for request in active if request.runs_alone]
     shared = sorted((r for r in active if not r.runs_alone), key=lambda r: (r.step_width, r.order))
-    if not shared or len(shared) * (shared[-1].step_width - shared[0].step_width) <= overhead_tokens:
+    if not shared or (
+        len(shared) * (shared[-1].step_width - shared[0].step_width) <= overhead_tokens
+        and (len(shared) == 1 or len(shared) * shared[-1].step_width <= token_budget)
+    ):
         # All the padding together costs less than one extra forward: no split can be cheaper.
         return singles + ([shared] if shared else [])
     best = [0.0] + [float("inf")] * len(shared)  # best[j]: cheapest split of shared[:j]
@@ -100,6 +107,8 @@ def length_groups(active: list[Candidate], overhead_tokens: float) -> list[list[
     for j in range(1, len(shared) + 1):
         width = shared[j - 1].step_width
         for i in range(j):
+            if j - i > 1 and (j - i) * width > token_budget:
+                continue  # over the budget: these cannot share a forward
             cost = best[i] + overhead_tokens + (j - i) * width
             if cost < best[j]:
                 best[j], cut[j] = cost, i
@@ -110,17 +119,20 @@ def length_groups(active: list[Candidate], overhead_tokens: float) -> list[list[
     return singles + groups[::-1]
 
 
-def next_batch(active: list[Candidate], overhead_tokens: float) -> list[Candidate]:
-    """The group holding the request that has waited longest since its last step.
+def next_batch(active: list[Candidate], overhead_tokens: float, token_budget: float = float("inf")) -> list[Candidate]:
+    """The group holding the request whose next step is due first (the smallest start tag; the older on a tie).
 
-    Usually there is one group (everyone steps every iteration). Otherwise groups take turns: a served
-    group's requests become the most recently stepped, so every other group is served before it again
-    and none starves.
+    Usually there is one group (everyone steps every iteration). Otherwise groups take turns by the time their
+    forwards take (start-time fair queuing; the scheduler keeps the tags): a request's tag advances by the
+    seconds of each forward it takes part in, and a request admitted starts at the tag of the forward that ran
+    last. So groups get the engine in equal shares of time, not of steps: beside a long prompt whose step
+    takes seconds, a short request runs until it has had as much time as one long step before the long one
+    runs again, and waits behind at most the one step that was running when it arrived.
     """
     if len(active) == 1:
         return list(active)  # a lone request (the common case when idle): nothing to decide
-    most_starved = min(active, key=lambda r: (r.last_stepped, r.order))
-    for group in length_groups(active, overhead_tokens):
-        if any(r is most_starved for r in group):
+    due = min(active, key=lambda r: (r.start_tag, r.order))
+    for group in length_groups(active, overhead_tokens, token_budget):
+        if any(r is due for r in group):
             return sorted(group, key=lambda r: r.order)
     raise AssertionError("every active request belongs to a group")

@@ -29,7 +29,12 @@ from engine.dream_cache import DreamCachedRequest
 from engine.errors import InvalidParameter
 from engine.family_rules import check_family_rules
 from engine.loading import DiffusionLM, default_device, dtype_from_name, load_model, resolve_model_dir
-from engine.memory import default_kv_cache_budget, mebibytes
+from engine.memory import (
+    default_kv_cache_budget,
+    default_max_prompt_tokens,
+    default_step_token_budget,
+    mebibytes,
+)
 from engine.params import SamplingParams
 from engine.preparation import PreparationStage
 from engine.prompt import Prompt
@@ -45,6 +50,11 @@ def _token_id(value) -> int:
     if isinstance(value, bool):
         raise TypeError("a bool is not a token id")
     return operator.index(value)
+
+
+# Tokenizing a message costs about as much as this many characters of text beyond its content (a call into
+# the tokenizer per message for a trimming template, the template's own text): what the lanes count it as.
+MESSAGE_TOKENIZING_CHARS = 64
 
 
 def _too_long(prompt_tokens: int, canvas: int, max_sequence_length: int) -> InvalidParameter:
@@ -73,6 +83,10 @@ class DiffusionEngine:
         config = scheduler_config or SchedulerConfig.from_env()
         if config.kv_cache_budget_bytes is None:
             config = dataclasses.replace(config, kv_cache_budget_bytes=default_kv_cache_budget(device))
+        if config.max_prompt_tokens is None:
+            config = dataclasses.replace(config, max_prompt_tokens=default_max_prompt_tokens(device))
+        if config.step_token_budget is None:
+            config = dataclasses.replace(config, step_token_budget=default_step_token_budget(device))
         self.scheduler_config = config
         self.stats = EngineStats()  # every request, sync or async: they all go through the scheduler
         self.stats.set_kv_cache_budget(config.kv_cache_budget_bytes)
@@ -148,41 +162,85 @@ class DiffusionEngine:
             return ids
         return self.tokenizer.encode_chat(prompt.messages)
 
-    def check_prompt_size(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
-        """Refuse, without tokenizing, a prompt too long for any tokenization of it to fit; return its length.
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt served: the operator's limit (DLLM_MAX_PROMPT_TOKENS), or the device's default."""
+        limit = self.scheduler_config.max_prompt_tokens
+        assert limit is not None  # resolved in __init__
+        return limit
 
-        The length is in characters (messages, as the tokenizer will see them) or token ids. A token stands
-        for at most `tokenizer.max_chars_per_token` characters, so a prompt longer than that many times the
-        tokens left beside the canvas can only tokenize to too many (engine/tokenizer.py says why the bound
-        holds). The bound errs one way only: it never refuses a prompt that fits, and a prompt under it may
-        still be refused once tokenized. It costs a few string lengths, so it runs before the tokenizer.
+    @property
+    def max_prompt_messages(self) -> int | None:
+        """More chat messages than this can never fit, whatever their content (the bound of
+        `check_prompt_size` for empty messages, beside the smallest canvas). None: the template adds nothing
+        countable per message."""
+        overhead = self.tokenizer.message_overhead
+        per_token = self.tokenizer.max_chars_per_token
+        per_message = overhead.special_tokens + (overhead.chars / per_token if per_token is not None else 0)
+        if per_message <= 0:
+            return None
+        return int(min(self.max_sequence_length - 1, self.max_prompt_tokens) / per_message)
+
+    def check_prompt_size(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
+        """Refuse, without tokenizing, a prompt too long for any tokenization of it to fit; return an estimate
+        of the work tokenizing it takes, in characters (what the preparation stage sorts its lanes by).
+
+        Fit means both the model's context beside the canvas and the server's maximum prompt length. A token
+        stands for at most `tokenizer.max_chars_per_token` characters, and the chat template adds at least
+        `tokenizer.message_overhead` per message (special tokens, each one token, and text tokenized with the
+        content), so the prompt has at least that many tokens (engine/tokenizer.py says why the bounds hold).
+        The bound errs one way only: it never refuses a prompt that fits, and a prompt under it may still be
+        refused once tokenized. It costs a few string lengths, so it runs before the tokenizer: a body of
+        thousands of empty messages is refused at once instead of after seconds of tokenizing.
         """
         canvas = (params or SamplingParams()).gen_length
-        room = self.max_sequence_length - canvas  # tokens left for the prompt
-        if room < 1:
+        context_room = self.max_sequence_length - canvas
+        if context_room < 1:
             raise InvalidParameter(
                 "gen_length",
                 f"the canvas ({canvas} tokens) leaves no room for the prompt in the model's maximum sequence "
                 f"length ({self.max_sequence_length})",
             )
+        room = min(context_room, self.max_prompt_tokens)  # tokens left for the prompt
         if prompt.kind == "token_ids":
             length = len(prompt.value)
             if length > room:
-                raise _too_long(length, canvas, self.max_sequence_length)
+                raise self._prompt_too_long(prompt, length, canvas)
             return length
+        messages = 0
         if prompt.kind == "text":  # raw text: every character reaches the tokenizer
             length = len(prompt.value)
         else:
+            messages = len(prompt.value)
             length = sum(self.tokenizer.content_chars(message["content"]) for message in prompt.value)
+        overhead = self.tokenizer.message_overhead
+        special_tokens = messages * overhead.special_tokens
+        text_chars = length + messages * overhead.chars
         per_token = self.tokenizer.max_chars_per_token
-        if per_token is not None and length > room * per_token:
+        at_least = special_tokens + (-(-text_chars // per_token) if per_token is not None else 0)
+        if at_least > room:
+            limit = (
+                f"the model's maximum sequence length ({self.max_sequence_length} tokens) leaves {context_room} "
+                f"beside the canvas ({canvas})"
+                if room == context_room
+                else f"the server takes prompts of at most {room} tokens (DLLM_MAX_PROMPT_TOKENS)"
+            )
             raise InvalidParameter(
                 prompt.field,
-                f"the prompt is {length} characters long, more than any prompt that fits can be: the model's "
-                f"maximum sequence length ({self.max_sequence_length} tokens) leaves {room} tokens beside the "
-                f"canvas ({canvas}), at most {room * per_token} characters with this tokenizer",
+                f"the prompt ({length} characters{f' in {messages} messages' if messages else ''}) is at least "
+                f"{at_least} tokens with this model's tokenizer and chat template, more than any prompt that fits: "
+                f"{limit}",
             )
-        return length
+        return text_chars + messages * MESSAGE_TOKENIZING_CHARS
+
+    def _prompt_too_long(self, prompt: Prompt, prompt_tokens: int, canvas: int) -> InvalidParameter:
+        if prompt_tokens > self.max_prompt_tokens:
+            return InvalidParameter(
+                prompt.field,
+                f"the prompt ({prompt_tokens} tokens) is longer than this server takes ({self.max_prompt_tokens} "
+                "tokens, DLLM_MAX_PROMPT_TOKENS)",
+            )
+        return _too_long(prompt_tokens, canvas, self.max_sequence_length)
 
     def _checked_token_ids(self, values) -> list[int]:
         # Checked here, not left to the embedding: an out-of-range id would fail the shared forward, and
@@ -226,6 +284,8 @@ class DiffusionEngine:
         if prompt_chars is None:
             self.check_prompt_size(prompt, params)
         ids = self.prompt_ids(prompt)
+        if len(ids) > self.max_prompt_tokens:
+            raise self._prompt_too_long(prompt, len(ids), params.gen_length)
         if self.family == "llada2":
             return self._new_block_request(ids, params)
         total = len(ids) + params.gen_length

@@ -1,4 +1,5 @@
-"""How much memory the requests' KV caches may hold together (the scheduler admits requests under it).
+"""How much work the scheduler takes on, by default, for its device: the memory the requests' KV caches may
+hold together, the longest prompt, and the positions one forward computes.
 
 A cached request keeps its canvas's keys and values from each block's first forward to the end of the block:
 n_layers × 2 × n_kv_heads × head_dim × (prompt + canvas) elements — for LLaDA-8B in bfloat16, 32 × 2 × 4096 ×
@@ -25,6 +26,25 @@ def default_kv_cache_budget(device: torch.device) -> int:
         free, _total = torch.cuda.mem_get_info(device)
         return int(free * CUDA_FREE_MEMORY_SHARE)
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * CPU_MEMORY_SHARE)
+
+
+# A step's time grows with its length (attention with its square): these keep one step of the longest prompt
+# within about a second for the models this engine serves on each kind of device, measured on the 2-core CPU
+# host with the test checkpoints and sized for an 8B model on one data-centre GPU.
+CPU_MAX_PROMPT_TOKENS = 8192
+CUDA_MAX_PROMPT_TOKENS = 32768
+CPU_STEP_TOKEN_BUDGET = 8192
+CUDA_STEP_TOKEN_BUDGET = 65536
+
+
+def default_max_prompt_tokens(device: torch.device) -> int:
+    """The longest prompt served by default on `device` (the model's own maximum may be lower)."""
+    return CUDA_MAX_PROMPT_TOKENS if device.type == "cuda" else CPU_MAX_PROMPT_TOKENS
+
+
+def default_step_token_budget(device: torch.device) -> int:
+    """The most positions a shared forward computes by default on `device`."""
+    return CUDA_STEP_TOKEN_BUDGET if device.type == "cuda" else CPU_STEP_TOKEN_BUDGET
 
 
 def mebibytes(size: int) -> str:

@@ -34,6 +34,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from math import inf
 from typing import Protocol
 
 from engine.batching_policy import ForwardCost, next_batch
@@ -58,6 +59,12 @@ class SchedulerConfig:
         (`engine.memory.default_kv_cache_budget`).
     max_preparing: async requests being tokenized or queued for it (engine/preparation.py) at most; one
         more raises EngineOverloaded. They also count against `capacity`. None: `capacity`.
+    max_prompt_tokens: the longest prompt served, in tokens, whatever the model's context allows: a step's
+        time grows with the square of its length, and a prompt this host cannot serve in reasonable time is
+        refused (400) rather than left to hold the engine for minutes. None: the engine picks one for its
+        device (`engine.memory.default_max_prompt_tokens`).
+    step_token_budget: the most positions (rows × padded width) a shared forward computes: requests share a
+        forward only within it, and one wider request runs alone. None: the engine picks one for its device.
     """
 
     max_batch_size: int = 8
@@ -65,11 +72,21 @@ class SchedulerConfig:
     max_wait_ms: float = 0.0
     kv_cache_budget_bytes: int | None = None
     max_preparing: int | None = None
+    max_prompt_tokens: int | None = None
+    step_token_budget: int | None = None
+
+    OPTIONAL = ("max_preparing", "max_prompt_tokens", "step_token_budget")
 
     def __post_init__(self) -> None:
-        for name, minimum in (("max_batch_size", 1), ("max_waiting", 0), ("max_preparing", 1)):
+        for name, minimum in (
+            ("max_batch_size", 1),
+            ("max_waiting", 0),
+            ("max_preparing", 1),
+            ("max_prompt_tokens", 1),
+            ("step_token_budget", 1),
+        ):
             value = getattr(self, name)
-            if name == "max_preparing" and value is None:
+            if name in self.OPTIONAL and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"SchedulerConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
@@ -86,6 +103,8 @@ class SchedulerConfig:
         "max_wait_ms": "DLLM_MAX_WAIT_MS",
         "kv_cache_budget_bytes": "DLLM_KV_CACHE_BUDGET_MB",
         "max_preparing": "DLLM_MAX_PREPARING",
+        "max_prompt_tokens": "DLLM_MAX_PROMPT_TOKENS",
+        "step_token_budget": "DLLM_STEP_TOKEN_BUDGET",
     }
 
     @property
@@ -100,26 +119,35 @@ class SchedulerConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SchedulerConfig:
         """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING, DLLM_MAX_WAIT_MS,
-        DLLM_KV_CACHE_BUDGET_MB (MiB) and DLLM_MAX_PREPARING."""
+        DLLM_KV_CACHE_BUDGET_MB (MiB), DLLM_MAX_PREPARING, DLLM_MAX_PROMPT_TOKENS and DLLM_STEP_TOKEN_BUDGET.
+        Integers are ASCII digits only (`int` would also take "٣" or "1_000")."""
         environ = os.environ if environ is None else environ
         values: dict = {}
         for name, var in cls.ENV_VARS.items():
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
-            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else int
+            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else _ascii_int
             try:
+                if not raw.isascii():  # float and int read other scripts' digits too ("٣" is 3)
+                    raise ValueError(f"must be written with ASCII digits, got {raw!r}")
                 values[name] = parse(raw)
                 cls(**{name: values[name]})  # the range check, while we still know which variable it was
             except ValueError as error:
                 kind = "a number" if parse is float else "an integer"
-                reason = error if name in values else f"must be {kind}"
+                reason = error if name in values or not raw.isascii() else f"must be {kind}"
                 raise ValueError(f"{var}={raw!r}: {reason}") from None
         return cls(**values)
 
 
+def _ascii_int(raw: str) -> int:
+    if not (raw.isascii() and raw.lstrip("-").isdigit()):
+        raise ValueError(raw)
+    return int(raw)
+
+
 def _mebibytes(raw: str) -> int:
-    return int(raw) * 2**20
+    return _ascii_int(raw) * 2**20
 
 
 class StepsRequests(Protocol):
@@ -154,7 +182,7 @@ class RequestHandle:
         )
         self.submitted_at = time.monotonic()
         self.order = order  # submission order: FIFO admission and a deterministic tie-break
-        self.last_stepped = -1  # scheduler iteration of this request's last step (-1: never stepped)
+        self.start_tag = 0.0  # when its next step is due, in the scheduler's virtual time (set at admission)
         self.cancelled = False  # set by the consumer; the scheduler acts on it at its next iteration
         self.done = False  # set by the scheduler once the last item is on its way
         self._scheduler = scheduler
@@ -232,6 +260,9 @@ class Scheduler:
         # Owned by the scheduler thread.
         self._active: list[RequestHandle] = []
         self._iteration = 0
+        # Start-time fair queuing (engine/batching_policy.py, `next_batch`): the start tag of the forward that
+        # ran last, where a request admitted now starts.
+        self._virtual_time = 0.0
         self._order = itertools.count()
         self.forward_cost = ForwardCost()
         self._thread = threading.Thread(target=self._run, name="dllm-scheduler", daemon=True)
@@ -278,12 +309,19 @@ class Scheduler:
             self._cond.notify()
 
     def shutdown(self, drain: bool = False, timeout: float | None = None) -> None:
-        """Stop the thread. drain=False fails every pending request with EngineShutdown at the next step
-        boundary; drain=True first finishes them (new submissions are refused either way)."""
+        """Stop the thread, waiting for it up to `timeout` (None: until it ends). drain=True first finishes the
+        pending requests; drain=False fails each with EngineShutdown now, even one inside a forward that runs
+        on for minutes: its consumer is told at once, and the forward's result is dropped when it ends. New
+        submissions are refused either way."""
         with self._cond:
             self._stopping = True
             self._drain = drain
             self._cond.notify()
+            failed = [] if drain else [h for h in self._active + list(self._waiting) if not h.done and not h.cancelled]
+            for handle in failed:
+                handle.done = True  # the scheduler thread delivers nothing more to it
+        ending = EngineShutdown("the engine was shut down before this request finished")
+        self._deliver([(handle, ending) for handle in failed])
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -295,7 +333,8 @@ class Scheduler:
             while self._admit():
                 self._drop_cancelled()
                 if self._active:
-                    self._step(next_batch(self._active, self.forward_cost.overhead_tokens))
+                    budget = self.config.step_token_budget or inf
+                    self._step(next_batch(self._active, self.forward_cost.overhead_tokens, budget))
         except BaseException as crash:  # noqa: BLE001 - a scheduler bug must not leave consumers hanging
             logger.exception("the scheduler thread crashed; failing every pending request")
             ending = crash
@@ -305,7 +344,7 @@ class Scheduler:
                 pending = self._active + list(self._waiting)
                 self._waiting.clear()
                 self._leave(list(self._active))
-            self._deliver([(h, ending) for h in pending if not h.cancelled])
+            self._deliver([(h, ending) for h in pending if not h.cancelled and not h.done])
             for handle in pending:
                 if handle.cancelled:
                     self._retire_cancelled(handle)
@@ -330,6 +369,7 @@ class Scheduler:
                 self._waiting and len(self._active) < self.config.max_batch_size and self._cache_fits(self._waiting[0])
             ):
                 handle = self._waiting.popleft()
+                handle.start_tag = self._virtual_time  # due now: as if it had been stepping all along
                 self._active.append(handle)
                 self._kv_cache_reserved += handle.kv_cache_bytes
                 changed = True
@@ -364,8 +404,7 @@ class Scheduler:
 
     def _step(self, batch: list[RequestHandle]) -> None:
         self._iteration += 1
-        for handle in batch:
-            handle.last_stepped = self._iteration
+        self._virtual_time = min(h.start_tag for h in batch)
         width = max(h.step_width for h in batch)  # before the step moves the requests on
         started = time.perf_counter()
         try:
@@ -374,7 +413,10 @@ class Scheduler:
             logger.exception("a forward pass failed; failing the %d request(s) of its batch", len(batch))
             results = [error] * len(batch)
         else:
-            self.forward_cost.observe(len(batch) * width, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            for handle in batch:
+                handle.start_tag += seconds  # each member's share of the engine: the whole forward's time
+            self.forward_cost.observe(len(batch) * width, seconds)
             committed = sum(len(r.committed) for r in results if isinstance(r, StepEvent))
             self.stats.forward_done(len(batch), committed)
             for result in results:
@@ -383,19 +425,19 @@ class Scheduler:
 
         outbox: list[tuple[RequestHandle, _Item]] = []
         retired: list[RequestHandle] = []
-        for handle, result in zip(batch, results, strict=True):
-            if handle.cancelled:
-                continue  # dropped (and counted as cancelled) at the next iteration
-            last = isinstance(result, Exception) or result.finished
-            if last or handle.every_event:
-                outbox.append((handle, result))
-            if last:
-                handle.done = True
-                retired.append(handle)
-                if isinstance(result, StepEvent):
-                    self.stats.request_completed(time.monotonic() - handle.submitted_at)
-        if retired:
-            with self._cond:
+        with self._cond:  # against `shutdown`, which may have failed some of these during the forward
+            for handle, result in zip(batch, results, strict=True):
+                if handle.cancelled or handle.done:
+                    continue  # dropped (and counted as cancelled) at the next iteration, or already failed
+                last = isinstance(result, Exception) or result.finished
+                if last or handle.every_event:
+                    outbox.append((handle, result))
+                if last:
+                    handle.done = True
+                    retired.append(handle)
+                    if isinstance(result, StepEvent):
+                        self.stats.request_completed(time.monotonic() - handle.submitted_at)
+            if retired:
                 self._leave(retired)
         self._deliver(outbox)
 

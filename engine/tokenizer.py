@@ -26,14 +26,25 @@ from __future__ import annotations
 import re
 import uuid
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import LLADA_EOS_ID, LLADA_EOT_ID, LLADA_MASK_ID, ModelConfig, read_config
+from engine.prompt import CHAT_ROLES
+
 
 # The token that ends an assistant turn, per family (the other stop token is the config's EOS). LLaDA2's
 # template closes every turn with <|role_end|>. Its official generate() stops on EOS only (id 156892, also
 # config.json's pad id), and dFactory's SFT code pads each conversation, after its closing <|role_end|>, with
 # the pad token: the model writes <|role_end|> then EOS, so cutting at the first of either gives the same text.
+@dataclass(frozen=True)
+class MessageOverhead:
+    """What the chat template adds to a prompt per message, at least (`ChatTokenizer.message_overhead`)."""
+
+    special_tokens: int  # the template's special tokens: each is one token, never merged with text
+    chars: int  # characters of its other text, tokenized with the content
+
+
 END_OF_TURN_TOKENS = {"llada": "<|eot_id|>", "dream": "<|im_end|>", "llada2": "<|role_end|>"}
 
 
@@ -75,6 +86,7 @@ class ChatTokenizer:
         self._special_ids = {token: hf_tokenizer.convert_tokens_to_ids(token) for token in specials}
         self._special_pattern = re.compile("(" + "|".join(re.escape(t) for t in reversed(specials)) + ")")
         self.max_chars_per_token = _max_chars_per_token(hf_tokenizer)
+        self.message_overhead = self._measure_message_overhead()
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, config: ModelConfig | None = None) -> ChatTokenizer:
@@ -101,6 +113,38 @@ class ChatTokenizer:
     def _template_trims_content(self) -> bool:
         probe = f"\ue000{uuid.uuid4().hex}\ue001"
         return f" {probe} " not in self._render([{"role": "user", "content": f" {probe} "}])
+
+    def _measure_message_overhead(self) -> MessageOverhead:
+        """The least the chat template adds per message: its special tokens (each exactly one token) and the
+        characters of its other text (roles, separators), whichever role the message has.
+
+        Measured as the difference a message makes when appended to a conversation of one and of two messages,
+        with placeholder contents (as `encode_chat` renders them); the smallest over the roles and positions
+        the template accepts. A role the template refuses there is skipped: such a conversation fails anyway.
+        """
+
+        def measure(messages: list[dict]) -> tuple[int, int]:
+            rendered = self._render(messages)
+            for message in messages:
+                rendered = rendered.replace(message["content"], "")
+            parts = self._special_pattern.split(rendered) if self._special_ids else [rendered]
+            return len(parts) // 2, sum(len(part) for part in parts[::2])
+
+        def placeholder() -> str:
+            return f"\ue000{uuid.uuid4().hex}\ue001"
+
+        specials, chars = [], []
+        for size in (1, 2):
+            base = [{"role": ("user", "assistant")[i % 2], "content": placeholder()} for i in range(size)]
+            for role in CHAT_ROLES:
+                try:
+                    before = measure(base)
+                    after = measure(base + [{"role": role, "content": placeholder()}])
+                except Exception:  # noqa: BLE001 - a template may raise on a role order it does not accept
+                    continue
+                specials.append(max(0, after[0] - before[0]))
+                chars.append(max(0, after[1] - before[1]))
+        return MessageOverhead(min(specials, default=0), min(chars, default=0))
 
     def content_chars(self, content: str) -> int:
         """How many characters of a message's content reach the tokenizer (a trimming template drops its edges)."""

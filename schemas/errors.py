@@ -184,6 +184,15 @@ class APIError(Exception):
         )
 
     @classmethod
+    def unsupported_content_encoding(cls, encoding: str) -> APIError:
+        return cls(
+            415,
+            f"The request body must be sent unencoded: this server does not decode 'Content-Encoding: {encoding}'.",
+            param="Content-Encoding",
+            code="unsupported_media_type",
+        )
+
+    @classmethod
     def timeout(cls, seconds: float) -> APIError:
         return cls(504, f"No response within {seconds:g} s.", type=SERVER_ERROR, code="timeout")
 

@@ -16,7 +16,10 @@ the app is called only once the headers are complete. So the service swaps uvico
   connection is aborted after `send_timeout_s` without progress (the app sees a disconnect);
 - **cap**: past `max_connections` open connections, the oldest one waiting for a request (idle or with
   half a head) is closed to make room; if every connection is busy with a request, the new one gets a
-  503 `too_many_connections` and is closed. Probes keep working under a flood of idle sockets.
+  503 `too_many_connections` and is closed, unless it is a probe: `PROBE_ROOM` connections past the cap
+  wait for their request line, and one for /livez, /readyz, /healthz or /metrics is served (an
+  orchestrator must not restart a pod that is merely busy). Probes keep working under a flood of idle
+  sockets too.
 The body of a request, once its head is in, is the app's to time (api/streaming.py, `read_body`).
 """
 
@@ -37,6 +40,10 @@ logger = logging.getLogger(f"dllm_serve.{__name__}")
 # After refusing a connection, how long to keep reading (and discarding) what the client sends: closing a
 # socket with unread data resets it, and the reset can destroy the 503 before the client reads it.
 REFUSAL_LINGER_S = 1.0
+# Connections past the cap kept for the probes (and /metrics) while every other connection is busy.
+PROBE_ROOM = 8
+# A request line longer than this on a probe's connection is not a probe's.
+PROBE_LINE_BYTES = 256
 # At most one "connection cap reached" warning per this many seconds (a flood would repeat it per socket).
 WARNING_INTERVAL_S = 10.0
 
@@ -79,6 +86,16 @@ class ConnectionStats:
 connection_stats = ConnectionStats()
 
 
+def _is_probe(request_line: bytes) -> bool:
+    """Whether a request line asks for a probe or /metrics (GET or HEAD, any query)."""
+    from server.middleware import PROBE_PATHS  # not at the top: server.middleware imports the app
+
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD"):
+        return False
+    return parts[1].split(b"?")[0].decode("latin-1") in PROBE_PATHS
+
+
 def _raw_response(status: int, reason: str, error: APIError | None) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, written straight to the socket."""
     body = json.dumps(error.body()).encode() if error is not None else b""
@@ -115,6 +132,7 @@ class ConnectionGuardMixin:
         self._header_timer: Any = None
         self._send_timer: Any = None
         self._refused = False
+        self._probe_only: bytes | None = None  # past the cap: the bytes held until the request line shows a probe
         self._waiting = self._waiting_by_server.setdefault(self.server_state, _Waiting())
 
     # --- asyncio protocol callbacks ---------------------------------------------------------------
@@ -123,13 +141,27 @@ class ConnectionGuardMixin:
         super().connection_made(transport)
         connection_stats.open += 1
         if len(self.connections) > self.settings.max_connections and not self._make_room():
-            self._refuse()
-            return
+            if len(self.connections) > self.settings.max_connections + PROBE_ROOM:
+                self._refuse()
+                return
+            self._probe_only = b""
         self._wait_for_request()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # read and dropped until the linger ends
+        if self._probe_only is not None:
+            data = self._probe_only + data
+            line, found, _ = data.partition(b"\r\n")
+            if not found and len(data) <= PROBE_LINE_BYTES:
+                self._probe_only = data  # the request line is not complete yet
+                if self._header_timer is None:
+                    self._header_timer = self.loop.call_later(self.settings.header_timeout_s, self._header_timeout)
+                return
+            self._probe_only = None
+            if not _is_probe(line):
+                self._refuse()
+                return
         if self._header_timer is None and self._idle():
             # The first byte of a request: its head must now arrive in time, however slowly it trickles.
             self._header_timer = self.loop.call_later(self.settings.header_timeout_s, self._header_timeout)

@@ -13,6 +13,8 @@ open request, so one stalled upload keeps the process alive forever. `Drain` run
    later (a client that stopped reading) is cancelled.
 4. The signal is handed to uvicorn's own handler, whose shutdown now finds nothing left to wait for. A
    watchdog ends the process if that shutdown itself hangs.
+The whole exit is bounded whatever the engine is doing (a forward of minutes, a stuck hook): a watchdog armed
+at the signal itself ends the process at `exit_bound_s` (the grace period, the wind-down, the handover).
 A second SIGINT (Ctrl+C twice) skips the rest of the grace period.
 """
 
@@ -40,6 +42,8 @@ HANDOVER_TIMEOUT_S = 15.0
 class Drain:
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
+        # The longest a SIGTERM may take to end the process: the drain's steps, each bounded, and the handover.
+        self.exit_bound_s = grace_s + 2 * WIND_DOWN_S + HANDOVER_TIMEOUT_S
         self.draining = False
         self._begun: asyncio.Event | None = None  # created on the serving loop (see `begun`)
         self._running: set[asyncio.Task] = set()
@@ -128,7 +132,7 @@ class Drain:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
         def hand_over(sig: int, frame: FrameType | None) -> None:
-            _start_watchdog()
+            _start_watchdog(HANDOVER_TIMEOUT_S, "shutdown did not finish within %gs of the drain; exiting")
             handler = previous[sig]
             if callable(handler):
                 handler(sig, frame)
@@ -140,6 +144,8 @@ class Drain:
             if not self.draining:
                 logger.info("received %s: draining (grace period %gs)", signal.Signals(sig).name, self.grace_s)
                 self.draining = True  # at once: the readiness probe may run before the loop wakes up
+                # Armed before anything that could wait on the engine (which may be inside a long forward).
+                _start_watchdog(self.exit_bound_s, "the process did not exit within %gs of the signal; exiting")
 
                 async def drain_then_hand_over() -> None:
                     try:
@@ -162,12 +168,15 @@ class Drain:
         self._skip_grace.set()
 
 
-def _start_watchdog() -> None:
+def _start_watchdog(seconds: float, message: str) -> None:
+    """End the process (status 1) after `seconds`, with `message` (% the seconds) in the log, from a thread of
+    its own: it fires even while the event loop is blocked."""
+
     def end_process() -> None:
-        logger.error("shutdown did not finish within %gs of the drain; exiting", HANDOVER_TIMEOUT_S)
+        logger.error(message, seconds)
         logging.shutdown()
         os._exit(1)
 
-    timer = threading.Timer(HANDOVER_TIMEOUT_S, end_process)
+    timer = threading.Timer(seconds, end_process)
     timer.daemon = True
     timer.start()

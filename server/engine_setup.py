@@ -47,12 +47,19 @@ def check_in_child_process() -> None:
 def check_engine_configuration() -> None:
     """Raise (ValueError, FileNotFoundError) on an engine setting that `load_from_env` would refuse.
 
-    Cheap: reads the environment and, for a local DLLM_MODEL, its config.json; never loads weights or
-    contacts the hub (a hub id is checked when the worker fetches it).
+    Cheap: reads the environment and, for a local DLLM_MODEL, its config.json and which weight files it has;
+    never loads weights or contacts the hub (a hub id is checked when the worker fetches it).
     """
     from engine import SchedulerConfig
     from engine.config import read_config
-    from engine.loading import compile_from_env, default_device, default_dtype, dtype_from_name, local_model_dir
+    from engine.loading import (
+        compile_from_env,
+        default_device,
+        default_dtype,
+        dtype_from_name,
+        local_model_dir,
+        weight_files,
+    )
     from engine.quantization import check_quantization, quantize_from_env, quantized_dtype
 
     SchedulerConfig.from_env()
@@ -61,12 +68,7 @@ def check_engine_configuration() -> None:
     dtype = dtype_from_name(raw_dtype) if (raw_dtype := os.environ.get("DLLM_DTYPE")) else None
     device = os.environ.get("DLLM_DEVICE") or None
     if device:
-        import torch
-
-        try:
-            torch.device(device)
-        except RuntimeError as error:
-            raise ValueError(f"DLLM_DEVICE={device!r}: {error}") from None
+        check_device(device)
     device = device or default_device()
     dtype = quantized_dtype(quantize, dtype) or default_dtype(device)
     check_quantization(quantize, device, dtype, setting="DLLM_QUANTIZE")
@@ -78,8 +80,30 @@ def check_engine_configuration() -> None:
     if local is not None:
         try:
             read_config(local)
+            for shard in weight_files(local):  # a sharded checkpoint's index may name files that are missing
+                if not shard.is_file():
+                    raise FileNotFoundError(f"{shard.name}, named by its index, is missing")
         except (OSError, ValueError, KeyError) as error:
             raise ValueError(f"DLLM_MODEL={model!r}: not a checkpoint this engine can load ({error})") from None
+
+
+def check_device(device: str) -> None:
+    """Refuse a DLLM_DEVICE that names no device of this machine (a CUDA device without a GPU, or past the
+    last one): the worker would fail loading the model, and BentoML restart it forever."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"DLLM_DEVICE={device!r}: {error}") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"DLLM_DEVICE={device!r}: this machine has no CUDA device (use cpu, or leave it unset)")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"DLLM_DEVICE={device!r}: this machine has {count} CUDA device(s), numbered from 0")
+    elif parsed.type != "cpu":
+        raise ValueError(f"DLLM_DEVICE={device!r}: this engine runs on cpu or cuda")
 
 
 def load_from_env() -> DiffusionEngine:

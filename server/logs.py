@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import os
 
-# The mounted app logs each of its requests itself, with the request id (api/middleware.py); BentoML's
-# access log would log them a second time. Its lines for BentoML's own routes (/generate, /readyz, ...) stay.
-APP_PATHS = ("/v1/", "/docs", "/redoc", "/openapi.json", "/playground")
+# The mounted app logs each of its requests itself, with the request id (api/middleware.py), and so do
+# BentoML's API routes (/generate, /generate_stream: server/native.py); BentoML's access log would log them a
+# second time. Its lines for BentoML's other routes (/readyz, /metrics, ...) stay.
+APP_PATHS = ("/v1/", "/docs", "/redoc", "/openapi.json", "/playground", "/generate")
 
 
 class SkipRequestsTheAppLogs(logging.Filter):
@@ -34,6 +35,9 @@ def configure_logging() -> None:
     BentoML's logging config keeps the root at WARNING and disables loggers created before it: every
     logger under "dllm_serve" (one per module of api/ and server/) is enabled again and takes this level.
     """
+    from server.native import install_log_filter
+
+    install_log_filter()
     logging.getLogger("dllm_serve").setLevel(os.environ.get("DLLM_LOG_LEVEL", "INFO").upper())
     access = logging.getLogger("bentoml.access")
     if not any(isinstance(f, SkipRequestsTheAppLogs) for f in access.filters):

@@ -15,8 +15,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
 from api.middleware import RequestContextMiddleware
+from api.settings import key_matches
 from schemas.errors import APIError
 from server.drain import Drain
+from server.native import REFUSAL_KEY, ErrorEnvelope
+from server.settings import ServerSettings
 
 # Served while the server drains: the probes must keep telling the truth, and metrics keep being scraped.
 PROBE_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
@@ -45,17 +48,31 @@ class RequestGuard:
     - A POST, PUT or PATCH with a body must carry `Content-Type: application/json`, else a 415. A body in any
       other type is refused unread: without it, any web page could make a browser send work here with a CORS
       "simple request" (text/plain or a form), which needs no preflight. A request without a body goes on to
-      its route (which answers a 405 for a wrong method, a 400 for a missing JSON body).
-    - The body must arrive within `body_timeout_s` of the request's start, else a 408 that closes the
-      connection, so a slow or stalled upload cannot hold a request open; one still arriving when the drain
-      begins gets the 503 instead.
+      its route (which answers a 405 for a wrong method, a 400 for a missing JSON body). A body sent with a
+      `Content-Encoding` (gzip, br, ...) is a 415 too: nothing here decodes it, and read as JSON it would be
+      a misleading 400, or worse, taken for plain bytes.
+    - A body larger than `max_request_bytes` is a 413: at once from its Content-Length, else as soon as the
+      bytes received pass the limit. The body must arrive within `body_timeout_s` of the request's start, else
+      a 408 that closes the connection, so a slow or stalled upload cannot hold a request open; one still
+      arriving when the drain begins gets the 503 instead. Both hold on every route (/v1 and BentoML's).
+    - BentoML's own API routes (`native_routes`: /generate, /generate_stream) run the engine, so with an API
+      key set they need it as /v1 does (401 otherwise); they answer in the server's envelope, with
+      X-Request-ID (server/native.py, `ErrorEnvelope`). Elsewhere BentoML's plain-text 404s and 405s get the
+      envelope too.
     Its own refusals carry X-Request-ID and are logged like any request (through RequestContextMiddleware).
     """
 
-    def __init__(self, app: ASGIApp, drain: Drain, body_timeout_s: float):
+    def __init__(
+        self, app: ASGIApp, drain: Drain, settings: ServerSettings, native_routes: frozenset[str] = frozenset()
+    ):
         self.app = app
         self.drain = drain
-        self.body_timeout_s = body_timeout_s
+        self.body_timeout_s = settings.body_timeout_s
+        self.max_request_bytes = settings.api.max_request_bytes
+        self.api_key = settings.api.api_key
+        self.native_routes = native_routes
+        self.native_app = RequestContextMiddleware(ErrorEnvelope(app, every_error=True))
+        self.other_app = ErrorEnvelope(app, every_error=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -64,10 +81,10 @@ class RequestGuard:
         if self.drain.draining and scope["path"] not in PROBE_PATHS:
             await self._refuse(APIError.shutting_down(), scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        content_type = headers.get("content-type")
-        if scope["method"] in BODY_METHODS and has_body(headers) and not is_json(content_type):
-            await self._refuse(APIError.unsupported_media_type(content_type), scope, receive, send)
+        native = scope["path"] in self.native_routes
+        refusal = self._refusal(Headers(scope=scope), scope["method"], native)
+        if refusal is not None:
+            await self._refuse(refusal, scope, receive, send)
             return
         started = {"response": False}
 
@@ -77,20 +94,44 @@ class RequestGuard:
 
         with self.drain.track():
             try:
-                await self.app(scope, self._body_in_time(receive), send_and_mark)
+                app = self.native_app if native else self.other_app
+                await app(scope, self._body_in_time(scope, receive), send_and_mark)
             except APIError as error:  # raised by the receive below, in an app that did not answer it itself
                 if started["response"]:
                     raise
                 await self._refuse(error, scope, receive, send)
 
-    def _body_in_time(self, receive: Receive) -> Receive:
-        """`receive`, but while the body is arriving each wait ends at the body's deadline or the drain."""
+    def _refusal(self, headers: Headers, method: str, native: bool) -> APIError | None:
+        """What the request's head alone refuses, if anything (before routing, before any byte of the body)."""
+        if method in BODY_METHODS and has_body(headers):
+            content_type = headers.get("content-type")
+            if not is_json(content_type):
+                return APIError.unsupported_media_type(content_type)
+            encoding = headers.get("content-encoding", "").strip().lower()
+            if encoding not in ("", "identity"):
+                return APIError.unsupported_content_encoding(encoding)
+            declared = headers.get("content-length", "").strip()
+            if declared.isascii() and declared.isdigit() and int(declared) > self.max_request_bytes:
+                return APIError.request_too_large(self.max_request_bytes)
+        if native and self.api_key is not None and not key_matches(headers.get("authorization"), self.api_key):
+            return APIError.invalid_api_key()
+        return None
+
+    def _body_in_time(self, scope: Scope, receive: Receive) -> Receive:
+        """`receive`, but while the body is arriving each wait ends at the body's deadline or the drain, and the
+        body ends at `max_request_bytes`. A refusal is raised, and recorded for `ErrorEnvelope` (BentoML's own
+        routes catch what their body read raises, and would answer a 500)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.body_timeout_s
         body_done = False
+        received = 0
+
+        def refused(error: APIError) -> APIError:
+            scope.setdefault("state", {})[REFUSAL_KEY] = error
+            return error
 
         async def receive_in_time() -> Message:
-            nonlocal body_done
+            nonlocal body_done, received
             if body_done:  # later receives wait for the disconnect: that wait is the app's business
                 return await receive()
             message_task = asyncio.ensure_future(receive())
@@ -103,9 +144,13 @@ class RequestGuard:
             if not message_task.done():
                 message_task.cancel()
                 if self.drain.draining:
-                    raise APIError.shutting_down()
-                raise APIError.request_timeout(self.body_timeout_s)
+                    raise refused(APIError.shutting_down())
+                raise refused(APIError.request_timeout(self.body_timeout_s))
             message = message_task.result()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_request_bytes:
+                    raise refused(APIError.request_too_large(self.max_request_bytes))
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 

@@ -102,23 +102,33 @@ def max_request_bytes(environ: Mapping[str, str] | None = None) -> int:
     raw = (os.environ if environ is None else environ).get("DLLM_MAX_REQUEST_BYTES", "").strip()
     if not raw:
         return DEFAULT_MAX_REQUEST_BYTES
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"DLLM_MAX_REQUEST_BYTES must be a positive integer (bytes), got {raw!r}")
+    if not _is_ascii_number(raw) or int(raw) < 1:
+        raise ValueError(f"DLLM_MAX_REQUEST_BYTES={raw!r}: must be a positive integer (bytes)")
     return int(raw)
+
+
+# Below this a time limit cannot be met by any client (1e-9 s would close every connection as it opens): a
+# typo, not a setting.
+MIN_SECONDS = 0.1
+
+
+def _is_ascii_number(raw: str) -> bool:
+    """Digits 0-9 only. `str.isdigit` also takes "²" (which `int` then refuses) and `int` takes "٣" and "1_000"."""
+    return raw.isascii() and raw.isdigit()
 
 
 def _positive_seconds(var: str, raw: str) -> float:
     try:
-        value = float(raw)
+        value = float(raw) if raw.isascii() else math.nan  # float, too, reads other scripts' digits
     except ValueError:
         value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{var}={raw!r}: must be a positive number of seconds")
+    if not (value >= MIN_SECONDS and math.isfinite(value)):
+        raise ValueError(f"{var}={raw!r}: must be a number of seconds, at least {MIN_SECONDS:g}")
     return value
 
 
 def _positive_int(var: str, raw: str) -> int:
-    if not raw.isdigit() or int(raw) < 1:
+    if not _is_ascii_number(raw) or int(raw) < 1:
         raise ValueError(f"{var}={raw!r}: must be a positive integer")
     return int(raw)
 

@@ -79,10 +79,12 @@ def test_a_request_still_waiting_at_shutdown_is_a_503(service_client, serve_smal
     with ThreadPoolExecutor(max_workers=3) as pool:
         running = pool.submit(service_client.post, URL, json={**BODY, "stream": True})
         steps.wait_for_arrival(1)
+        steps.permits.release()  # its first step runs (the stream starts); its second is held
+        steps.wait_for_arrival(2)
         waiting = pool.submit(service_client.post, URL, json=BODY, headers={"X-Request-ID": "late-1"})
         wait_until(lambda: engine.stats.snapshot()["dllm_requests_waiting"] == 1)
         scheduler = engine._scheduler
-        stopping = pool.submit(engine.shutdown)  # without drain: what is pending fails at the next step boundary
+        stopping = pool.submit(engine.shutdown)  # without drain: what is pending fails at once
         wait_until(lambda: scheduler._stopping)
         steps.run_freely()
         stopping.result(timeout=HANG_GUARD_S)

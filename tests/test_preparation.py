@@ -73,8 +73,9 @@ def test_normalizers_that_can_delete_text_give_no_bound():
 
 def test_a_prompt_too_long_to_fit_is_refused_without_tokenizing(any_engine, monkeypatch):
     engine = fresh(any_engine)
-    room = engine.max_sequence_length - PARAMS.gen_length
-    limit = room * engine.tokenizer.max_chars_per_token
+    room = min(engine.max_sequence_length - PARAMS.gen_length, engine.max_prompt_tokens)
+    overhead = engine.tokenizer.message_overhead  # one message: its template tokens and text count too
+    limit = (room - overhead.special_tokens) * engine.tokenizer.max_chars_per_token - overhead.chars
 
     def must_not_tokenize(messages):
         raise AssertionError("tokenized a prompt that its length alone rules out")
@@ -82,9 +83,9 @@ def test_a_prompt_too_long_to_fit_is_refused_without_tokenizing(any_engine, monk
     monkeypatch.setattr(engine.tokenizer, "encode_chat", must_not_tokenize)
     with pytest.raises(InvalidParameter) as refused:
         engine.check_prompt_size(Prompt.chat(user("x" * (limit + 1))), PARAMS)
-    assert refused.value.field == "messages" and str(limit) in refused.value.rule
+    assert refused.value.field == "messages" and f" {room} " in refused.value.rule
     at_the_bound = Prompt.chat(user("x" * limit))
-    assert engine.check_prompt_size(at_the_bound, PARAMS) == limit  # left to the tokenizer
+    engine.check_prompt_size(at_the_bound, PARAMS)  # not refused: left to the tokenizer
 
     async def through_astream():
         with pytest.raises(InvalidParameter):
@@ -98,7 +99,9 @@ def test_a_trimming_template_counts_only_what_it_keeps(fixture_engine):
     """LLaDA's template strips the content: a megabyte of spaces around a word is a short prompt."""
     engine = fresh(fixture_engine)
     padded = " " * 1_000_000 + "hi" + "\n" * 1_000_000
-    assert engine.check_prompt_size(Prompt.chat(user(padded)), PARAMS) == 2
+    assert engine.check_prompt_size(Prompt.chat(user(padded)), PARAMS) == engine.check_prompt_size(
+        Prompt.chat(user("hi")), PARAMS
+    )
     assert (
         engine.generate(messages=user(padded), params=PARAMS).text
         == engine.generate(messages=user("hi"), params=PARAMS).text
@@ -136,7 +139,7 @@ class GatedTokenizer:
 
 def test_a_short_prompt_is_not_delayed_by_a_long_one_being_tokenized(fixture_engine, monkeypatch):
     engine = fresh(fixture_engine)
-    monkeypatch.setattr(preparation, "LONG_PROMPT_CHARS", 40)
+    monkeypatch.setattr(preparation, "LONG_PROMPT_CHARS", 120)  # "hi" is short, "long word…" long
     gated = GatedTokenizer(engine, monkeypatch, prefix="long")
 
     async def scenario():
@@ -191,7 +194,7 @@ def test_requests_being_prepared_count_against_the_capacity(fixture_engine, monk
 
 def test_long_prompts_may_take_only_their_share_of_the_stage(fixture_engine, monkeypatch):
     engine = fresh(fixture_engine, max_preparing=8)  # the long lane: 8 // 8 = 1 place
-    monkeypatch.setattr(preparation, "LONG_PROMPT_CHARS", 40)
+    monkeypatch.setattr(preparation, "LONG_PROMPT_CHARS", 120)  # "hi" is short, "long word…" long
     gated = GatedTokenizer(engine, monkeypatch, prefix="long")
     long_prompt = user("long " + "word " * 20)
 

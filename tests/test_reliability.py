@@ -201,6 +201,23 @@ def test_a_storm_of_disconnects_frees_every_slot(server, http):
     assert content(http.post("/v1/chat/completions", json=SHORT)) == expected  # and the engine is intact
 
 
+def test_an_abandoned_native_generate_is_cancelled(server, http):
+    """Issue 31: clients of /generate that gave up after 0.5 s left their requests running to the end. A client
+    that leaves now cancels its request, as on /v1 and /generate_stream."""
+    before = metrics(http)
+    leaving = 4
+    body = {"prompt": "Count to ten.", "max_tokens": 256, "num_denoising_steps": 256, "temperature": 1.0, "seed": 3}
+
+    def give_up_after_half_a_second(_) -> None:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.base_url}/generate", json=body, timeout=httpx.Timeout(HANG_GUARD_S, read=0.5))
+
+    with ThreadPoolExecutor(leaving) as pool:
+        list(pool.map(give_up_after_half_a_second, range(leaving)))
+    wait_until_idle(http)
+    assert metrics(http)["dllm_requests_cancelled_total"] - before["dllm_requests_cancelled_total"] == leaving
+
+
 def test_slow_readers_get_every_chunk_and_do_not_hold_up_others(server, http):
     body = {**SHORT, "max_tokens": 32, "temperature": 0.8, "seed": 11}
     expected = content(http.post("/v1/chat/completions", json=body))
@@ -313,13 +330,56 @@ def test_with_every_connection_busy_a_new_one_gets_a_503(server):
         # Until the server has read a connection's head it is waiting for a request, and the next connection
         # would take its place instead of being refused.
         time.sleep(0.5)
-        head, _, body = read_until_closed(raw_connection(server)).partition(b"\r\n\r\n")
+        # Past the cap a connection waits for its request line (a probe would be served: the next test).
+        newcomer = raw_connection(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n")
+        head, _, body = read_until_closed(newcomer).partition(b"\r\n\r\n")
     finally:
         for connection in busy:
             connection.close()
     assert head.startswith(b"HTTP/1.1 503 ")
     error = json.loads(body)["error"]
     assert error["code"] == "too_many_connections" and b"Retry-After" in head
+
+
+def test_with_every_connection_busy_the_probes_still_get_through(server):
+    """Issue 31: at the cap, /livez and /readyz answered 503, and an orchestrator would restart a healthy pod.
+    A few connections past the cap are kept for the probes and /metrics; anything else there gets the 503."""
+    cap = int(LIMITS["DLLM_MAX_CONNECTIONS"])
+    busy = []
+    try:
+        while len(busy) < cap:
+            busy.append(raw_connection(server, post_head(100)))
+        time.sleep(0.5)
+        for path in ("/livez", "/readyz", "/metrics"):
+            probe = raw_connection(server, f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode())
+            assert read_until_closed(probe).startswith(b"HTTP/1.1 200 "), path
+        other = raw_connection(server, b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n")
+        head, _, body = read_until_closed(other).partition(b"\r\n\r\n")
+    finally:
+        for connection in busy:
+            connection.close()
+    assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["error"]["code"] == "too_many_connections"
+
+
+def test_encoded_bodies_odd_methods_and_paths_get_the_envelope(server, http):
+    """Issue 31's loose ends: a gzip or br body was read as JSON (a 400, or a 200 for br); TRACE and lowercase
+    methods got a 405 without a code; `//v1/models` got BentoML's plain-text 404."""
+    import gzip
+
+    for encoding, body in (("gzip", gzip.compress(json.dumps(SHORT).encode())), ("br", json.dumps(SHORT).encode())):
+        response = http.post(
+            "/v1/chat/completions",
+            content=body,
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+        assert response.status_code == 415 and response.json()["error"]["param"] == "Content-Encoding", encoding
+    for method in ("TRACE", "post"):
+        response = http.request(method, "/v1/models")
+        assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed", method
+    for path in ("//v1/models", "/nothing/here"):
+        response = http.get(path)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", path
+        assert response.headers["X-Request-ID"]
 
 
 # --- inputs -----------------------------------------------------------------------------------------------
@@ -357,6 +417,63 @@ def test_oversized_prompts_do_not_slow_down_a_small_request(server, http):
     assert {r.json()["error"]["param"] for r in refusals} == {"messages"}
     ratio = statistics.median(beside_burst) / statistics.median(alone)
     assert ratio < 5, (alone, beside_burst)
+
+
+def test_thousands_of_empty_messages_are_refused_before_tokenizing_and_delay_nobody(server, http):
+    """Issue 31: 20,000 empty messages are a 580 KB body whose content is empty, so a bound counting content alone
+    let them through to seconds of tokenizing before their 400, and a small request waited behind them. The
+    chat template's own tokens per message rule them out at once."""
+    empty = json.dumps({"messages": [{"role": "user", "content": ""}] * 20_000}).encode()
+    clients = [httpx.Client(base_url=server.base_url, timeout=HANG_GUARD_S) for _ in range(4)]
+
+    def small_latency() -> float:
+        started = time.perf_counter()
+        assert http.post("/v1/chat/completions", json=SHORT).status_code == 200
+        return time.perf_counter() - started
+
+    def send_empty(client: httpx.Client) -> httpx.Response:
+        return client.post("/v1/chat/completions", content=empty, headers={"Content-Type": "application/json"})
+
+    try:
+        small_latency()  # warm-up
+        alone, beside, refusals = [], [], []
+        with ThreadPoolExecutor(len(clients)) as pool:
+            for _ in range(3):
+                alone.append(small_latency())
+                burst = [pool.submit(send_empty, client) for client in clients]
+                time.sleep(0.2)
+                beside.append(small_latency())
+                refusals += [future.result() for future in burst]
+    finally:
+        for client in clients:
+            client.close()
+    assert {r.status_code for r in refusals} == {400}
+    assert all("20000 messages" in r.json()["error"]["message"] for r in refusals)
+    ratio = statistics.median(beside) / statistics.median(alone)
+    assert ratio < 5, (alone, beside)
+
+
+def test_bentomls_routes_have_the_body_limits_of_v1(server):
+    """Issue 31: /generate read a 300 MB body in full. The size limit (413) and the body deadline (408) hold
+    on BentoML's own routes too, in the server's envelope."""
+    limit = 2 * 2**20  # DLLM_MAX_REQUEST_BYTES's default
+    big = b'{"prompt": "' + b"a" * (limit + 10) + b'"}'
+    for route in ("/generate", "/generate_stream"):
+        by_length = httpx.post(f"{server.base_url}{route}", content=big, headers={"Content-Type": "application/json"})
+        assert by_length.status_code == 413 and by_length.json()["error"]["code"] == "request_too_large"
+
+        def chunks():
+            for i in range(0, len(big), 65536):
+                yield big[i : i + 65536]
+
+        chunked = httpx.post(
+            f"{server.base_url}{route}", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+        assert chunked.headers["X-Request-ID"]
+    head = post_head(100).replace(b"/v1/chat/completions", b"/generate")
+    reply_head, _, body = read_until_closed(raw_connection(server, head + b'{"prompt"')).partition(b"\r\n\r\n")
+    assert reply_head.startswith(b"HTTP/1.1 408 ") and json.loads(body)["error"]["code"] == "request_timeout"
 
 
 def test_only_json_bodies_are_accepted(http):
@@ -474,6 +591,12 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
 # --- configuration --------------------------------------------------------------------------------------
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
@@ -484,10 +607,41 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
             ("DLLM_MODEL", "/nonexistent/checkpoint"),
             ("DLLM_QUANTIZE", "int3"),
             ("DLLM_QUANTIZE", "fp8"),  # on a CPU
+            ("DLLM_MAX_CONNECTIONS", "²"),  # str.isdigit says yes, int says no
+            ("DLLM_MAX_WAITING", "٣"),  # int reads it as 3
+            ("DLLM_KEEP_ALIVE_TIMEOUT_S", "1e-9"),
         ]
+    ]
+    + [
+        pytest.param(
+            "DLLM_DEVICE",
+            "cuda",
+            marks=[
+                pytest.mark.server_env({"DLLM_DEVICE": "cuda"}),
+                pytest.mark.skipif(_has_cuda(), reason="checks a machine without a GPU"),
+            ],
+        )
     ],
 )
 def test_an_invalid_setting_stops_bentoml_serve_with_its_message(tmp_path, variable, value):
+    assert_refused_to_start(tmp_path, variable, value)
+
+
+def test_a_model_directory_without_weights_stops_bentoml_serve(tmp_path):
+    """Issue 31: a checkpoint directory with its config but no weights restarted the worker forever."""
+    import shutil
+
+    from tests.fixture_paths import EMBEDDED_MODEL_DIR
+
+    model = tmp_path / "no-weights"
+    model.mkdir()
+    for file in EMBEDDED_MODEL_DIR.iterdir():
+        if not file.name.endswith(".safetensors"):
+            shutil.copy(file, model / file.name)
+    assert_refused_to_start(tmp_path, "DLLM_MODEL", str(model))
+
+
+def assert_refused_to_start(tmp_path, variable: str, value: str) -> None:
     process, _, log_path = start_server(tmp_path, {variable: value})
     try:
         process.wait(timeout=HANG_GUARD_S)  # no restart loop: the command ends

@@ -56,11 +56,25 @@ def test_settings_read_every_variable():
         ("DLLM_CORS_ORIGINS", "https://a.example/path"),
         ("DLLM_MAX_REQUEST_BYTES", "-5"),
         ("DLLM_LOG_LEVEL", "LOUD"),
+        ("DLLM_MAX_CONNECTIONS", "²"),  # str.isdigit says yes, int says no
+        ("DLLM_MAX_CONNECTIONS", "٣"),  # int would read it as 3
+        ("DLLM_MAX_REQUEST_BYTES", "²"),
+        ("DLLM_KEEP_ALIVE_TIMEOUT_S", "1e-9"),  # would close every connection as it opens
+        ("DLLM_SEND_TIMEOUT_S", "٣"),  # float reads it as 3.0
     ],
 )
 def test_a_bad_setting_is_an_error_naming_it(variable, value):
     with pytest.raises(ValueError, match=variable):
         ServerSettings.from_env({variable: value})
+
+
+@pytest.mark.parametrize("value", ["٣", "²", "1_000", "3.0", "-1"])
+def test_a_scheduler_integer_in_anything_but_ascii_digits_is_refused_naming_it(value):
+    from engine.scheduler import SchedulerConfig
+
+    for variable in ("DLLM_MAX_WAITING", "DLLM_MAX_PROMPT_TOKENS"):
+        with pytest.raises(ValueError, match=variable):
+            SchedulerConfig.from_env({variable: value})
 
 
 def test_the_apps_settings_are_read_with_the_servers(monkeypatch):
@@ -195,7 +209,7 @@ def run(coroutine, timeout: float = 10):
 
 
 def test_a_body_in_time_passes_through():
-    guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=1.0)
+    guard = RequestGuard(echo_body, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=1.0))
     exchange = Exchange([(0.05, b'{"a":'), (0.05, b"1}")])
     run(guard(http_scope(), exchange.receive, exchange.send))
     assert exchange.status == 200
@@ -204,7 +218,7 @@ def test_a_body_in_time_passes_through():
 
 @pytest.mark.parametrize("chunks", [[(None, b"")], [(0.0, b'{"mess'), (None, b"")], [(0.2, b"{")] * 10])
 def test_a_stalled_or_slow_body_gets_a_408_that_closes_the_connection(chunks):
-    guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=0.5)
+    guard = RequestGuard(echo_body, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=0.5))
     exchange = Exchange(chunks)
     run(guard(http_scope(), exchange.receive, exchange.send))
     assert exchange.status == 408
@@ -223,7 +237,7 @@ def test_a_stalled_or_slow_body_gets_a_408_that_closes_the_connection(chunks):
     ],
 )
 def test_bodies_must_be_json(content_type, method, length, status):
-    guard = RequestGuard(echo_body, Drain(grace_s=5), body_timeout_s=1.0)
+    guard = RequestGuard(echo_body, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=1.0))
     exchange = Exchange([(0.0, b"{}" if length else b"")])
     run(guard(http_scope(method, content_type=content_type, body_length=length), exchange.receive, exchange.send))
     assert exchange.status == status
@@ -234,7 +248,7 @@ def test_bodies_must_be_json(content_type, method, length, status):
 def test_while_draining_new_requests_get_a_503_but_probes_are_served():
     drain = Drain(grace_s=5)
     drain.draining = True
-    guard = RequestGuard(echo_body, drain, body_timeout_s=1.0)
+    guard = RequestGuard(echo_body, drain, settings=ServerSettings(body_timeout_s=1.0))
     refused, probe = Exchange([(0.0, b"{}")]), Exchange([(0.0, b"")])
     run(guard(http_scope(), refused.receive, refused.send))
     run(guard(http_scope("GET", "/readyz", None), probe.receive, probe.send))
@@ -245,7 +259,7 @@ def test_while_draining_new_requests_get_a_503_but_probes_are_served():
 
 def test_an_upload_still_arriving_when_the_drain_begins_gets_the_503_at_once():
     drain = Drain(grace_s=60)
-    guard = RequestGuard(echo_body, drain, body_timeout_s=60)
+    guard = RequestGuard(echo_body, drain, settings=ServerSettings(body_timeout_s=60))
     exchange = Exchange([(0.0, b'{"mess'), (None, b"")])
 
     async def scenario():
@@ -463,18 +477,24 @@ def test_at_the_cap_the_oldest_waiting_connection_makes_room(guarded_protocol):
     assert third.written == b""
 
 
-def test_at_the_cap_with_every_connection_busy_a_new_one_gets_a_503(guarded_protocol):
+def test_at_the_cap_with_every_connection_busy_only_a_probe_gets_through(guarded_protocol):
     async def scenario():
         loop = asyncio.get_running_loop()
         busy = [guarded_protocol(loop) for _ in range(2)]
         for protocol, _ in busy:
             protocol.data_received(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
-        _, refused = guarded_protocol(loop)
+        not_a_probe, refused = guarded_protocol(loop)
+        not_a_probe.data_received(b"GET /v1/mod")  # past the cap: it waits for the request line to show a probe
+        waited = refused.written
+        not_a_probe.data_received(b"els HTTP/1.1\r\nHost: x\r\n\r\n")
+        probe, probe_transport = guarded_protocol(loop)
+        probe.data_received(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         await asyncio.sleep(0)
-        return [transport.closed for _, transport in busy], refused
+        return [transport.closed for _, transport in busy], waited, refused, probe_transport
 
-    busy_closed, refused = run(scenario())
-    assert busy_closed == [False, False]
+    busy_closed, waited, refused, probe = run(scenario())
+    assert busy_closed == [False, False] and waited == b""
     head, _, body = refused.written.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in head
     assert json.loads(body)["error"]["code"] == "too_many_connections"
+    assert not probe.written.startswith(b"HTTP/1.1 503 ")  # the probe went on to the app

@@ -175,15 +175,15 @@ def test_force_single_batch_requests_run_alone_and_reproduce_sampled_output(fixt
 
 class FakeHandle:  # just what the padding policy reads
     def __init__(self, length: int, alone: bool = False, order: int = 0):
-        self.step_width, self.runs_alone, self.order, self.last_stepped = length, alone, order, -1
+        self.step_width, self.runs_alone, self.order, self.start_tag = length, alone, order, 0.0
 
 
 def test_padding_policy_groups_step_widths_by_forward_cost():
     lengths = [48, 50, 51, 47, 71, 160]
     handles = [FakeHandle(n, order=i) for i, n in enumerate(lengths)] + [FakeHandle(30, alone=True, order=9)]
 
-    def grouped(overhead_tokens):
-        return [[h.step_width for h in g] for g in length_groups(handles, overhead_tokens)]
+    def grouped(overhead_tokens, token_budget=float("inf")):
+        return [[h.step_width for h in g] for g in length_groups(handles, overhead_tokens, token_budget)]
 
     # A forward that costs nothing by itself: never pay for padding.
     assert grouped(0.0) == [[30], [47], [48], [50], [51], [71], [160]]
@@ -191,10 +191,12 @@ def test_padding_policy_groups_step_widths_by_forward_cost():
     assert grouped(30.0) == [[30], [47, 48, 50, 51], [71], [160]]
     # A GPU-like overhead: padding is cheaper than another forward; force_single_batch still runs alone.
     assert grouped(1e4) == [[30], [47, 48, 50, 51, 71, 160]]
-    # Round-robin: the group of the request that waited longest goes next.
-    handles[4].last_stepped = handles[5].last_stepped = 3
+    # A token budget: however cheap padding is, a group computes at most that many positions.
+    assert grouped(1e4, token_budget=200) == [[30], [47, 48, 50], [51, 71], [160]]
+    # Turns: the group of the request whose next step is due first (the smallest start tag) goes next.
+    handles[4].start_tag = handles[5].start_tag = 0.3
     for h in handles[:4] + handles[6:]:
-        h.last_stepped = 5
+        h.start_tag = 0.5
     assert [h.step_width for h in next_batch(handles, 30.0)] == [71]
 
 
