@@ -14,6 +14,7 @@ import pytest
 from schemas.openapi import ERROR_RESPONSES
 from server.drain import Drain
 from server.middleware import RequestGuard, ResponseStartTimeout
+from server.settings import ServerSettings
 from tests.step_gate import HANG_GUARD_S
 from tests.test_http_engine_states import serve_small_queue  # noqa: F401 (a fixture)
 
@@ -93,7 +94,7 @@ def answered(service_client, service_instance, configure_app, serve_small_queue)
         record(op, client.post(path, json=body).status_code)
         configure_app()
         # The service's own guard and timeout, with short limits (its are 30 s and an hour).
-        stalled = RequestGuard(service.app, Drain(grace_s=5), body_timeout_s=0.05)
+        stalled = RequestGuard(service.app, Drain(grace_s=5), settings=ServerSettings(body_timeout_s=0.05))
         record(op, asgi_post(client, stalled, path, b"{", body_ends=False))
         # A first step that does not come in time: the response never started.
         _, steps = serve_small_queue(max_waiting=0)
