@@ -1,15 +1,26 @@
-"""Synthetic chat corpus for the embedded tiny model: task families with exactly checkable answers, plus
-conversation families (greetings and small talk, and one fixed help answer for everything else).
+"""Synthetic chat corpus for the embedded tiny model (v3): task families with exactly checkable answers,
+open requests answered by a few template sentences, and conversation families (small talk, and one short
+help answer for everything the model cannot do).
 
-Every family is a finite pool of (messages, answer) items, enumerated in a fixed order. A prompt is held
-out for evaluation when a hash of its text falls in the held-out bucket, so the split needs no RNG and
-a held-out prompt can never be sampled for training. Items whose answer must be memorised (a fact, how
-a word is spelled) keep their first phrasing in training, so every held-out prompt asks something the
-model was taught under another wording.
+Every family is a finite pool of (messages, answer) items, enumerated in a fixed order. Each family has
+training phrasings and held-out phrasings: a prompt written in a held-out phrasing is never trained on, so
+the evaluation measures whether the model understood the task words rather than memorised the templates.
+Within the training phrasings a prompt is also held out when a hash of its text falls in the held-out
+bucket (no RNG needed, and a held-out prompt can never be sampled for training). Items whose answer must be
+memorised (a fact, how a word is spelled) keep their first phrasing in training.
+
+What the model cannot do gets the help answer, never an invented one, and the corpus teaches that
+explicitly: numbers outside each family's range, words and names it does not know, and requests outside
+every family are the "out_of_range" and "help" families.
+
+Open requests ("Write one short sentence about a cat.") are the "sentence" family: the answer is one of
+`SENTENCE_TEMPLATES` with the topic filled in, drawn uniformly per training row, so the model learns
+several equally likely answers and temperature > 0 varies them. The templates differ in one token only
+(the adjective) so that a decoder committing several tokens per step cannot mix two of them.
 
 Conversations are varied at training time (scripts/train_tiny_model.py): a system prompt on half of the
-rows and an earlier exchange on some, drawn from `training_system_prompts()` and the training pool. The
-held-out system prompts (`heldout_system_prompts()`) are never seen in training.
+rows, an earlier exchange (with the model's own answer as the assistant turn) on some, and some rows as a
+raw prompt without the chat template, as /v1/completions sends it.
 
 The word lists are small on purpose: the tokenizer turns every task word into one token (with and
 without a leading space), which is what lets a 1M-parameter model learn copy and spelling tasks in
@@ -32,73 +43,141 @@ WORDS = [
     "sun", "moon", "star", "rain", "snow", "tree", "river", "stone",
     "house", "book", "chair", "table", "bread", "milk", "water", "cake",
 ]  # fmt: skip
+COLORS = {"red", "blue", "green", "yellow", "black", "white", "pink", "brown"}
+TOPICS = [w for w in WORDS if w not in COLORS]  # what an open request can be about
 NAMES = [
     "Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Ivy", "Jack",
     "Kate", "Leo", "Mia", "Noah", "Olivia", "Paul", "Rose", "Sam", "Tom", "Zoe",
+]  # fmt: skip
+# Words and names the model does not know: spelling, repeating or greeting them gets the help answer.
+# The evaluation's out-of-range set uses other words (random letters drawn at run time).
+UNKNOWN_WORDS = [
+    "elephant", "window", "computer", "garden", "pencil", "rocket", "guitar", "island", "kitchen", "planet",
+    "bottle", "candle", "doctor", "forest", "jacket", "ladder", "monkey", "orange", "pillow", "silver",
+    "tomato", "violin", "wallet", "zebra", "bridge", "castle", "dragon", "flower", "hammer", "honey",
+    "mirror", "needle", "ocean", "parrot", "rabbit", "sugar", "turtle", "wizard", "yogurt", "basket",
+]  # fmt: skip
+UNKNOWN_NAMES = [
+    "Xavier", "Beatrice", "Ingrid", "Mohammed", "Priya", "Yuki", "Dmitri", "Fatima", "Oscar", "Quentin",
+    "Ursula", "Wendy", "Hiroshi", "Lucia", "Nikolai", "Sven", "Aisha", "Carlos", "Elena", "Gustav",
 ]  # fmt: skip
 # Number-taking families accept words as well as digits ("Count from one to five."); answers stay digits.
 NUMBER_WORDS = [
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
     "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
 ]  # fmt: skip
-# (question phrasings, answer); the first phrasing of each fact always stays in training.
+ADJECTIVES = ["nice", "big", "small", "here", "good"]
+# The open-request answers: one template, five equally likely adjectives (see the module docstring).
+SENTENCE_TEMPLATES = [f"The {{w}} is {adj}." for adj in ADJECTIVES]
+
+# (training phrasings, held-out phrasings, subject, answer); the first phrasing of each fact stays in training.
 FACTS = [
-    (["What is the capital of {x}?", "Name the capital of {x}.", "Which city is the capital of {x}?"], x, a)
+    (["What is the capital of {x}?", "Name the capital of {x}.", "capital of {x}"],
+     ["Which city is the capital of {x}?"], x, a)
     for x, a in [
         ("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo"), ("Spain", "Madrid"),
         ("Germany", "Berlin"), ("England", "London"), ("Egypt", "Cairo"), ("Russia", "Moscow"),
     ]
 ] + [
-    (["What color is {x}?", "What is the color of {x}?", "Tell me the color of {x}."], x, a)
+    (["What color is {x}?", "What is the color of {x}?", "color of {x}"], ["Tell me the color of {x}."], x, a)
     for x, a in [
         ("the sky", "blue"), ("grass", "green"), ("snow", "white"), ("the sun", "yellow"), ("a lemon", "yellow"),
     ]
 ] + [
-    (["How many legs does {x} have?", "How many legs has {x}?", "Count the legs of {x}."], x, a)
+    (["How many legs does {x} have?", "How many legs has {x}?", "legs of {x}"], ["Count the legs of {x}."], x, a)
     for x, a in [("a dog", "4"), ("a spider", "8"), ("a bird", "2"), ("a fish", "0"), ("a cat", "4")]
 ]  # fmt: skip
+UNKNOWN_FACTS = [
+    "What is the capital of Peru?", "Name the capital of Canada.", "What is the capital of Brazil?",
+    "What color is a cloud?", "What is the color of the sea?", "How many legs does a snake have?",
+    "How many legs has an ant?", "What is the capital of Mars?", "What color is a frog?", "capital of Chile",
+]  # fmt: skip
 
-# Eight phrasings per operation (five for the others): with only two or three, the model memorised each
-# (phrasing, numbers) pair and answered a held-out rephrasing of a fact it knew with 53% accuracy.
-PLUS = [
-    "What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "{a} + {b} = ?",
-    "Compute {a} plus {b}.", "What is the sum of {a} and {b}?", "Calculate {a} + {b}.", "How much is {a} plus {b}?",
-]  # fmt: skip
-MINUS = [
-    "What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} - {b}?", "{a} - {b} = ?",
-    "Compute {a} minus {b}.", "What is {a} take away {b}?", "Calculate {a} - {b}.", "How much is {a} minus {b}?",
-]  # fmt: skip
-LARGER = [
-    "Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?", "What is the larger of {a} and {b}?",
-    "Pick the bigger number: {a} or {b}.", "Which is greater, {a} or {b}?",
-]  # fmt: skip
-SMALLER = [
-    "Which is smaller, {a} or {b}?", "Which number is less: {a} or {b}?", "What is the smaller of {a} and {b}?",
-    "Pick the smaller number: {a} or {b}.", "Which is lower, {a} or {b}?",
-]  # fmt: skip
-COUNT = ["Count from {a} to {b}.", "List the numbers from {a} to {b}.", "Count up from {a} to {b}."]
-AFTER = [
-    "What number comes after {a}?", "What is the next number after {a}?", "Which number follows {a}?",
-    "Name the number after {a}.", "What comes right after {a}?",
-]  # fmt: skip
-BEFORE = [
-    "What number comes before {a}?", "What is the number just before {a}?", "Which number precedes {a}?",
-    "Name the number before {a}.", "What comes right before {a}?",
-]  # fmt: skip
-SPELL = ["Spell {w}.", "How do you spell {w}?", "Spell the word {w}.", "Spell out {w}."]
-REPEAT = ['Repeat after me: "{s}"', 'Say "{s}".', 'Please repeat "{s}".']
-INTRO = ["My name is {n}.", "Hi, I am {n}.", "Hello, my name is {n}."]
-REPLY = ["Nice to meet you, {n}.", "Hello, {n}!"]
-ASK_NAME = ["What is my name?", "Do you remember my name?", "Who am I?"]
+# Each family: (training phrasings, held-out phrasings). The held-out ones reuse the task words of the
+# training ones ("add", "largest", "after", "spell") in new sentences.
+PLUS = (
+    ["What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "{a} + {b} = ?", "Compute {a} plus {b}.",
+     "What is the sum of {a} and {b}?", "Calculate {a} + {b}.", "How much is {a} plus {b}?", "what's {a} plus {b}",
+     "{a} plus {b}", "Please add {a} to {b}.", "Sum {a} and {b}.", "{a}+{b}",
+     "What do you get if you add {a} and {b}?"],
+    ["What's {a} + {b}?", "Can you add {a} and {b}?", "Tell me {a} plus {b}."],
+)  # fmt: skip
+MINUS = (
+    ["What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} - {b}?", "{a} - {b} = ?",
+     "Compute {a} minus {b}.", "What is {a} take away {b}?", "Calculate {a} - {b}.", "How much is {a} minus {b}?",
+     "what's {a} minus {b}", "{a} minus {b}", "{a}-{b}", "What is the difference of {a} and {b}?"],
+    ["What's {a} - {b}?", "Can you subtract {b} from {a}?", "Tell me {a} minus {b}."],
+)  # fmt: skip
+LARGER = (
+    ["Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?", "What is the larger of {a} and {b}?",
+     "Pick the bigger number: {a} or {b}.", "Which is greater, {a} or {b}?", "which is bigger {a} or {b}",
+     "What is the largest of {a}, {b}, {c}?", "Which is the biggest: {a}, {b} or {c}?",
+     "Find the greatest of {a}, {b} and {c}.", "What is the biggest number in {a}, {b}, {c}?",
+     "largest of {a}, {b}, {c}"],
+    ["Which one is larger: {a} or {b}?", "What is the greatest of {a}, {b}, {c}?",
+     "Tell me the bigger of {a} and {b}."],
+)  # fmt: skip
+SMALLER = (
+    ["Which is smaller, {a} or {b}?", "Which number is less: {a} or {b}?", "What is the smaller of {a} and {b}?",
+     "Pick the smaller number: {a} or {b}.", "Which is lower, {a} or {b}?", "which is smaller {a} or {b}",
+     "What is the smallest of {a}, {b}, {c}?", "Which is the least: {a}, {b} or {c}?",
+     "Find the lowest of {a}, {b} and {c}.", "What is the smallest number in {a}, {b}, {c}?",
+     "smallest of {a}, {b}, {c}"],
+    ["Which one is smaller: {a} or {b}?", "What is the least of {a}, {b}, {c}?", "Tell me the smaller of {a} and {b}."],
+)  # fmt: skip
+COUNT = (
+    ["Count from {a} to {b}.", "List the numbers from {a} to {b}.", "Count up from {a} to {b}.", "count {a} to {b}",
+     "Please count from {a} to {b}", "Count from {a} to {b}, please."],
+    ["Can you count from {a} to {b}?", "Say the numbers from {a} to {b}."],
+)  # fmt: skip
+COUNT_TO = (["Count to {b}.", "count to {b}", "Please count to {b}."], ["Can you count to {b}?"])
+AFTER = (
+    ["What number comes after {a}?", "What is the next number after {a}?", "Which number follows {a}?",
+     "Name the number after {a}.", "What comes right after {a}?", "What comes after {a}?",
+     "What number is next after {a}?", "next after {a}"],
+    ["What's the number after {a}?", "Tell me what comes after {a}."],
+)  # fmt: skip
+BEFORE = (
+    ["What number comes before {a}?", "What is the number just before {a}?", "Which number precedes {a}?",
+     "Name the number before {a}.", "What comes right before {a}?", "What comes before {a}?",
+     "What number is just before {a}?", "before {a}"],
+    ["What's the number before {a}?", "Tell me what comes before {a}."],
+)  # fmt: skip
+SPELL = (
+    ["Spell {w}.", "How do you spell {w}?", "Spell the word {w}.", "Spell out {w}.", "spell {w}", "Can you spell {w}?"],
+    ["How is {w} spelled?", "Please spell {w}."],
+)  # fmt: skip
+# Quoted spans are exact token copies; unquoted ones ("Repeat after me: green") start with the word's
+# leading-space token, which the answer writes without the space.
+REPEAT = (
+    ['Repeat after me: "{s}"', 'Say "{s}".', 'Please repeat "{s}".', 'Echo "{s}".', 'Repeat "{s}"',
+     "Repeat after me: {s}", "Say {s}", "Echo {s}", "repeat {s}"],
+    ['Can you say "{s}"?', "Please repeat after me: {s}"],
+)  # fmt: skip
+INTRO = (["My name is {n}.", "Hi, I am {n}.", "Hello, my name is {n}.", "I am {n}.", "Call me {n}.", "my name is {n}"],
+         ["Hi! My name is {n}.", "Hello, I am {n}!"])  # fmt: skip
+# What the model replies to an introduction: a chat client feeds this back as the assistant turn.
+INTRO_REPLY = "Nice to meet you, {n}."
+REPLY = [INTRO_REPLY, "Hello, {n}!", "Hi {n}!"]  # assistant turns seen in history (the first is its own)
+ASK_NAME = (["What is my name?", "Do you remember my name?", "Who am I?", "what's my name", "Tell me my name."],
+            ["Can you tell me my name?", "Do you know my name?"])  # fmt: skip
+SENTENCE = (
+    ["Write one short sentence about {t}.", "Write a sentence about {t}.", "Write a story about {t}.",
+     "Write a poem about {t}.", "Tell me a story about {t}.", "Write a haiku about {t}.",
+     "Say something about {t}.", "Write something about {t}", "Make a sentence about {t}.",
+     "write a short sentence about {t}"],
+    ["Can you write a short sentence about {t}?", "Write me a poem about {t}."],
+)  # fmt: skip
+
+PHRASINGS = [PLUS, MINUS, LARGER, SMALLER, COUNT, COUNT_TO, AFTER, BEFORE, SPELL, REPEAT, INTRO, ASK_NAME, SENTENCE]
+
+# The help answer: at most 20 tokens (it must fit max_tokens 32 with room), naming what works. Its first
+# word differs from every other reply's: with "I am ..." (as "I am fine, thank you!") the model once
+# committed the short reply's end of turn under the long answer's opening.
+HELP_ANSWER = "This is a tiny demo model. It can add, compare, count, spell and repeat words."
 
 # Conversation families. Few distinct replies on purpose: a 1M-parameter model reproduces a handful of
 # fixed sentences exactly, but not many.
-# Its first word differs from every other reply's: with "I am ..." (as "I am fine, thank you!") the model
-# sometimes committed the short reply's end of turn under the long answer's opening ("Who are you?" -> "I am").
-HELP_ANSWER = (
-    "This is a tiny demo model bundled with dllm-serve. It can add, compare, count, spell and repeat words."
-    " Try: Count from 1 to 5."
-)
 SMALL_TALK = [  # (prompts, reply)
     (["Hello", "Hi", "Hey", "Hello there", "Hi there", "Hey there", "Good morning", "Good afternoon",
       "Good evening", "Greetings", "Howdy", "Hiya", "Say hello", "Hello, friend", "Hi, nice to meet you",
@@ -117,7 +196,6 @@ SMALL_TALK = [  # (prompts, reply)
       "Tell me who you are.", "What should I ask you?"], HELP_ANSWER),
 ]  # fmt: skip
 SMALL_TALK_ENDINGS = ["", ".", "!", "?", "!!", " :)"]
-# Prompts outside every family: phrasings x topics, all answered with HELP_ANSWER (never an invented fact).
 OTHER_PHRASINGS = [
     "Write a {form} about {topic}.", "Explain {topic}.", "What is {topic}?", "Tell me about {topic}.",
     "Can you help me with {topic}?", "Why is {topic} important?", "What do you think about {topic}?",
@@ -163,24 +241,26 @@ INSTRUCTIONS = [
     "The user is a student.", "Today is Monday.", "Format answers as plain text.", "Answer the last question.",
 ]  # fmt: skip
 
+
 # Sampling weight of each family in training: the families that need arithmetic-like structure
-# (plus/minus, counting, spelling) get more steps; they are the slowest to learn. Plus/minus stays the
-# weakest family even at 3 (models/tiny-llada-chat/README.md).
+# (plus/minus, compare over three numbers, counting, spelling) get more steps; they are the slowest to learn.
 FAMILY_WEIGHTS = {
     "arithmetic": 3.0,
-    "compare": 1.0,
-    "count": 2.0,
+    "compare": 2.0,
+    "count": 1.5,
     "successor": 1.0,
     "spell": 1.5,
-    "facts": 0.75,
+    "facts": 0.5,
     "repeat": 1.5,
-    "name": 1.0,
+    "name": 1.25,
+    "sentence": 1.0,
     "small_talk": 0.75,
-    "help": 1.0,
+    "out_of_range": 2.0,
+    "help": 0.75,
 }
-# The families the quality bar (>= 95% held-out exact match) was set on; the conversation families are
+# The families the quality bar (>= 90% on held-out phrasings) is set on; the conversation families are
 # reported as their own rows.
-TASK_FAMILIES = ("arithmetic", "compare", "count", "successor", "spell", "facts", "repeat", "name")
+TASK_FAMILIES = ("arithmetic", "compare", "count", "successor", "spell", "facts", "repeat", "name", "sentence")
 
 
 @dataclass(frozen=True)
@@ -189,100 +269,146 @@ class Example:
     answer: str
     family: str
     keep_in_training: bool = field(default=False, compare=False)
+    heldout_phrasing: bool = field(default=False, compare=False)
+    # Every right answer when there are several (the open requests); `answer` is the first.
+    answers: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> str:
         """The prompt text the split is decided on (every message, so two-turn prompts are covered)."""
         return "\n".join(f"{m['role']}: {m['content']}" for m in self.messages)
 
+    @property
+    def right_answers(self) -> tuple[str, ...]:
+        return self.answers or (self.answer,)
+
+    def is_right(self, text: str) -> bool:
+        return text.strip() in self.right_answers
+
+    @property
+    def single_turn(self) -> bool:
+        return len(self.messages) == 1
+
 
 def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def _phrasings(pair: tuple[list[str], list[str]]):
+    """(template, is held out) for every phrasing of a family."""
+    train, heldout = pair
+    return [(t, False) for t in train] + [(t, True) for t in heldout]
+
+
 def _numbered(template: str, **numbers: int):
     """The prompt with its numbers as digits, then as words (the words sentence-cased at the start)."""
     yield template.format(**numbers)
-    words = template.format(**{k: NUMBER_WORDS[v] for k, v in numbers.items()})
-    yield words[0].upper() + words[1:]
+    if all(v < len(NUMBER_WORDS) for v in numbers.values()):
+        words = template.format(**{k: NUMBER_WORDS[v] for k, v in numbers.items()})
+        yield words[0].upper() + words[1:] if template[0].isupper() else words
 
 
 def _arithmetic():
     for a in range(10):
         for b in range(10):
-            for t in PLUS:
+            for t, held in _phrasings(PLUS):
                 for prompt in _numbered(t, a=a, b=b):
-                    yield Example(_user(prompt), str(a + b), "arithmetic")
+                    yield Example(_user(prompt), str(a + b), "arithmetic", heldout_phrasing=held)
             if a >= b:
-                for t in MINUS:
+                for t, held in _phrasings(MINUS):
                     for prompt in _numbered(t, a=a, b=b):
-                        yield Example(_user(prompt), str(a - b), "arithmetic")
+                        yield Example(_user(prompt), str(a - b), "arithmetic", heldout_phrasing=held)
+
+
+def _compare_numbers(template: str, rng: random.Random):
+    """Number tuples for a comparison phrasing: every pair, or 60 triples of distinct digits."""
+    if "{c}" not in template:
+        return [dict(a=a, b=b, c=0) for a in range(10) for b in range(10) if a != b]
+    triples = [(a, b, c) for a in range(10) for b in range(10) for c in range(10) if len({a, b, c}) == 3]
+    return [dict(a=a, b=b, c=c) for a, b, c in rng.sample(triples, 60)]
 
 
 def _compare():
-    for a in range(10):
-        for b in range(10):
-            if a != b:
-                for t in LARGER:
-                    for prompt in _numbered(t, a=a, b=b):
-                        yield Example(_user(prompt), str(max(a, b)), "compare")
-                for t in SMALLER:
-                    for prompt in _numbered(t, a=a, b=b):
-                        yield Example(_user(prompt), str(min(a, b)), "compare")
+    rng = random.Random("compare")
+    for pair, pick in ((LARGER, max), (SMALLER, min)):
+        for t, held in _phrasings(pair):
+            for nums in _compare_numbers(t, rng):
+                values = [nums["a"], nums["b"]] + ([nums["c"]] if "{c}" in t else [])
+                for prompt in _numbered(t, **nums):
+                    yield Example(_user(prompt), str(pick(values)), "compare", heldout_phrasing=held)
 
 
 def _count():
-    # At most six numbers: longer ranges were not learned in the calibration budget.
+    # At most six numbers: longer ranges were not learned in the calibration budget (they get the help answer).
     for a in range(10):
         for b in range(a + 1, min(a + 6, 10)):
-            for t in COUNT:
+            for t, held in _phrasings(COUNT):
                 for prompt in _numbered(t, a=a, b=b):
-                    yield Example(_user(prompt), " ".join(str(i) for i in range(a, b + 1)), "count")
+                    yield Example(
+                        _user(prompt), " ".join(str(i) for i in range(a, b + 1)), "count", heldout_phrasing=held
+                    )
+    for b in range(2, 7):
+        for t, held in _phrasings(COUNT_TO):
+            for prompt in _numbered(t, b=b):
+                yield Example(_user(prompt), " ".join(str(i) for i in range(1, b + 1)), "count", heldout_phrasing=held)
 
 
 def _successor():
     for a in range(20):
-        if a < 19:
-            for t in AFTER:
-                for prompt in _numbered(t, a=a):
-                    yield Example(_user(prompt), str(a + 1), "successor")
+        for t, held in _phrasings(AFTER):
+            for prompt in _numbered(t, a=a):
+                yield Example(_user(prompt), str(a + 1), "successor", heldout_phrasing=held)
         if a > 0:
-            for t in BEFORE:
+            for t, held in _phrasings(BEFORE):
                 for prompt in _numbered(t, a=a):
-                    yield Example(_user(prompt), str(a - 1), "successor")
+                    yield Example(_user(prompt), str(a - 1), "successor", heldout_phrasing=held)
 
 
 def _spell():
     for w in WORDS:
-        for i, t in enumerate(SPELL):
-            yield Example(_user(t.format(w=w)), "-".join(w), "spell", keep_in_training=i == 0)
+        for i, (t, held) in enumerate(_phrasings(SPELL)):
+            yield Example(_user(t.format(w=w)), "-".join(w), "spell", keep_in_training=i == 0, heldout_phrasing=held)
 
 
 def _facts():
-    for phrasings, x, answer in FACTS:
-        for i, t in enumerate(phrasings):
-            yield Example(_user(t.format(x=x)), answer, "facts", keep_in_training=i == 0)
+    for train, heldout, x, answer in FACTS:
+        for i, (t, held) in enumerate(_phrasings((train, heldout))):
+            yield Example(_user(t.format(x=x)), answer, "facts", keep_in_training=i == 0, heldout_phrasing=held)
 
 
 def _repeat():
-    # The answer is an exact token copy of the quoted span (its first word has no leading space in both).
-    spans = list(WORDS) + [f"{u} {v}" for u in WORDS for v in WORDS if u != v]
+    # One or two known words; a pair's words differ. 400 of the 1,560 pairs, so single words are not drowned.
+    pairs = [f"{u} {v}" for u in WORDS for v in WORDS if u != v]
+    spans = list(WORDS) + random.Random("repeat").sample(pairs, 400)
     for s in spans:
-        for t in REPEAT:
-            yield Example(_user(t.format(s=s)), s, "repeat")
+        for t, held in _phrasings(REPEAT):
+            yield Example(_user(t.format(s=s)), s, "repeat", heldout_phrasing=held)
 
 
 def _name():
     for n in NAMES:
-        for intro in INTRO:
+        for intro, held_intro in _phrasings(INTRO):
+            yield Example(_user(intro.format(n=n)), INTRO_REPLY.format(n=n), "name", heldout_phrasing=held_intro)
             for reply in REPLY:
-                for ask in ASK_NAME:
+                for ask, held_ask in _phrasings(ASK_NAME):
                     messages = [
                         {"role": "user", "content": intro.format(n=n)},
                         {"role": "assistant", "content": reply.format(n=n)},
                         {"role": "user", "content": ask},
                     ]
-                    yield Example(messages, n, "name")
+                    yield Example(messages, n, "name", heldout_phrasing=held_intro or held_ask)
+
+
+def _article(w: str) -> str:
+    return ("an " if w[0] in "aeiou" else "a ") + w
+
+
+def _sentence():
+    for w in TOPICS:
+        answers = tuple(s.format(w=w) for s in SENTENCE_TEMPLATES)
+        for t, held in _phrasings(SENTENCE):
+            for topic in (_article(w), "the " + w, w):
+                yield Example(_user(t.format(t=topic)), answers[0], "sentence", heldout_phrasing=held, answers=answers)
 
 
 def _small_talk():
@@ -292,6 +418,69 @@ def _small_talk():
             for ending in SMALL_TALK_ENDINGS:
                 for variant in {bare + ending, (bare + ending).lower()}:
                     yield Example(_user(variant), reply, "small_talk", keep_in_training=variant == text)
+
+
+def _out_of_range():
+    """The families' own phrasings (training ones only) with what the model cannot do: numbers past its
+    range, negative differences, long or backward counts, words and names it does not know."""
+    rng = random.Random("out of range")
+
+    def trained(pair):
+        return pair[0]
+
+    def big() -> int:
+        return rng.randint(10, 99) if rng.random() < 0.8 else rng.randint(100, 999)
+
+    for _ in range(500):  # sums and differences with a number past 9
+        a, b = (big(), rng.randint(0, 99)) if rng.random() < 0.5 else (rng.randint(0, 99), big())
+        t = rng.choice(trained(PLUS) + trained(MINUS))
+        yield Example(_user(t.format(a=a, b=b)), HELP_ANSWER, "out_of_range")
+    for a in range(9):
+        for b in range(a + 1, 10):
+            t = rng.choice(trained(MINUS))
+            for prompt in _numbered(t, a=a, b=b):
+                yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
+    for _ in range(300):  # comparisons of two-digit numbers
+        t = rng.choice(trained(LARGER) + trained(SMALLER))
+        nums = dict(a=big(), b=rng.randint(0, 99), c=rng.randint(0, 99))
+        if rng.random() < 0.5:
+            nums["a"], nums["b"] = nums["b"], nums["a"]
+        yield Example(_user(t.format(**nums)), HELP_ANSWER, "out_of_range")
+    for a in range(10):  # counts of 7 or more numbers, past 9, or backwards
+        for b in range(10):
+            if b < a or b - a >= 6:
+                t = rng.choice(trained(COUNT))
+                for prompt in _numbered(t, a=a, b=b):
+                    yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
+    for _ in range(150):
+        t = rng.choice(trained(COUNT))
+        a = rng.randint(0, 15)
+        yield Example(_user(t.format(a=a, b=rng.randint(max(a + 1, 10), 100))), HELP_ANSWER, "out_of_range")
+    for b in list(range(7, 20)) + [20, 50, 100]:
+        for t in trained(COUNT_TO):
+            for prompt in _numbered(t, b=b):
+                yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
+    for _ in range(250):  # successors past 20
+        t = rng.choice(trained(AFTER) + trained(BEFORE))
+        yield Example(_user(t.format(a=rng.randint(21, 999))), HELP_ANSWER, "out_of_range")
+    unknown = UNKNOWN_WORDS + [_pseudo_word(rng) for _ in range(60)]
+    for w in unknown:
+        for t in rng.sample(trained(SPELL), 3):
+            yield Example(_user(t.format(w=w)), HELP_ANSWER, "out_of_range")
+        for t in rng.sample(trained(REPEAT), 3):
+            s = w if rng.random() < 0.6 else " ".join(rng.sample([w, rng.choice(WORDS)], 2))
+            yield Example(_user(t.format(s=s)), HELP_ANSWER, "out_of_range")
+    for n in UNKNOWN_NAMES:
+        for t in rng.sample(trained(INTRO), 3):
+            yield Example(_user(t.format(n=n)), HELP_ANSWER, "out_of_range")
+    for text in UNKNOWN_FACTS:
+        yield Example(_user(text), HELP_ANSWER, "out_of_range")
+
+
+def _pseudo_word(rng: random.Random) -> str:
+    """A made-up lowercase word (consonant-vowel syllables): never a word the model knows."""
+    syllables = rng.randint(2, 4)
+    return "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(syllables))
 
 
 def _help():
@@ -313,7 +502,9 @@ FAMILIES = {
     "facts": _facts,
     "repeat": _repeat,
     "name": _name,
+    "sentence": _sentence,
     "small_talk": _small_talk,
+    "out_of_range": _out_of_range,
     "help": _help,
 }
 
@@ -324,6 +515,8 @@ def _in_heldout_bucket(text: str) -> bool:
 
 
 def is_heldout(example: Example) -> bool:
+    if example.heldout_phrasing:
+        return True
     return not example.keep_in_training and _in_heldout_bucket(example.key)
 
 
@@ -352,9 +545,11 @@ def _split() -> tuple[dict[str, list[Example]], dict[str, list[Example]]]:
     train: dict[str, list[Example]] = {}
     heldout: dict[str, list[Example]] = {}
     for family, make in FAMILIES.items():
-        pool = list(make())
+        pool = list(dict.fromkeys(make()))  # a prompt generated twice (random draws) counts once
         train[family] = [e for e in pool if not is_heldout(e)]
         heldout[family] = [e for e in pool if is_heldout(e)]
+    train_keys = {e.key for items in train.values() for e in items}
+    heldout = {f: [e for e in items if e.key not in train_keys] for f, items in heldout.items()}
     return train, heldout
 
 
@@ -363,11 +558,18 @@ def training_pool() -> dict[str, list[Example]]:
     return _split()[0]
 
 
-def heldout_examples(n: int = 400, seed: int = 0, families: tuple[str, ...] = TASK_FAMILIES) -> list[Example]:
-    """A deterministic evaluation list: families taken round-robin, each in a seeded shuffled order."""
+def heldout_examples(
+    n: int = 400,
+    seed: int = 0,
+    families: tuple[str, ...] = TASK_FAMILIES,
+    phrasing: str = "any",
+) -> list[Example]:
+    """A deterministic evaluation list: families taken round-robin, each in a seeded shuffled order.
+    `phrasing`: "heldout" (only prompts in a held-out phrasing), "trained" (held-out prompts in a training
+    phrasing) or "any"."""
     queues = []
     for family in families:
-        items = list(_split()[1][family])
+        items = [e for e in _split()[1][family] if phrasing == "any" or e.heldout_phrasing == (phrasing == "heldout")]
         random.Random(f"{seed}-{family}").shuffle(items)
         queues.append(items)
     out: list[Example] = []
@@ -386,9 +588,10 @@ def tokenizer_training_text() -> list[str]:
         for items in pools.values():
             for e in items:
                 texts.extend(m["content"] for m in e.messages)
-                texts.append(e.answer)
+                texts.extend(e.right_answers)
     texts += training_system_prompts() + heldout_system_prompts()
-    vocab_words = set(WORDS) | set(NAMES) | set(NUMBER_WORDS) | {w for _, x, a in FACTS for w in (x.split() + [a])}
+    vocab_words = set(WORDS) | set(NAMES) | set(NUMBER_WORDS) | set(ADJECTIVES)
+    vocab_words |= {w for _, _, x, a in FACTS for w in (x.split() + [a])}
     vocab_words |= {w.capitalize() for w in NUMBER_WORDS}
     for w in sorted(vocab_words):
         texts += [w, f" {w}", f'"{w}"'] * 50  # enough weight that every word becomes one token
@@ -399,6 +602,9 @@ def tokenizer_training_text() -> list[str]:
 if __name__ == "__main__":
     train, heldout = _split()
     for family in FAMILIES:
-        print(f"{family:12s} train {len(train[family]):5d}  held-out {len(heldout[family]):4d}")
-    for e in heldout_examples(8):
+        held_phr = sum(e.heldout_phrasing for e in heldout[family])
+        print(
+            f"{family:12s} train {len(train[family]):5d}  held-out {len(heldout[family]):4d} ({held_phr} new phrasing)"
+        )
+    for e in heldout_examples(12, phrasing="heldout"):
         print(e.family, e.messages[-1]["content"], "->", e.answer)

@@ -6,10 +6,14 @@ id with probability t ~ U(eps, 1) (one t per row), and the loss is cross-entropy
 Weighting (the calibration run's choice, see models/tiny-llada-chat/README.md): no 1/t factor, weight 1.0
 on answer and end-of-turn, 0.5 on the EOS padding, normalised by the total weight of the batch.
 
-The time budget is wall clock (`--minutes`): the learning-rate schedule runs on elapsed time, so a slower
-(shared) CPU gets fewer steps but a complete schedule, and the checkpoint is always written.
+The budget is either wall clock (`--minutes`: the learning-rate schedule runs on elapsed time, so a slower
+CPU gets fewer steps but a complete schedule) or a step count (`--steps`: the same model whatever else runs
+on the machine, which is what a shared machine needs). `--init DIR` continues from that directory's
+weights and tokenizer (e.g. a shorter second run at a lower `--lr`). `--checkpoint-every N` also keeps
+the weights of every N-th step as step-N.safetensors next to model.safetensors.
 
-Usage: python scripts/train_tiny_model.py [--minutes 28] [--out models/tiny-llada-chat] [--seed 0]
+Usage: python scripts/train_tiny_model.py [--minutes 28 | --steps 6000] [--out models/tiny-llada-chat]
+       [--seed 0] [--init DIR] [--lr 3e-3] [--checkpoint-every 500]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 if __package__ in (None, ""):  # run as a script: make `scripts` and `engine` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,7 +45,7 @@ from engine.model import LLaDAModelLM, LogitIndex
 from engine.tokenizer import ChatTokenizer
 from scripts.build_tiny_tokenizer import EOS, MASK, build_tokenizer, save_tokenizer, special_ids
 from scripts.eval_tiny_model import run as run_heldout
-from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, heldout_examples, training_pool, training_system_prompts
+from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, Example, heldout_examples, training_pool, training_system_prompts
 
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
 BATCH = 64
@@ -54,14 +59,16 @@ LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
 GROUP = 10  # batches drawn (and length-sorted) together
 SYSTEM_PROMPT_SHARE = 0.5  # rows with a system prompt: most chat front-ends send one
 EARLIER_TURN_SHARE = 0.15  # rows after an earlier exchange: the answer is to the last user turn
+RAW_SHARE = 0.15  # single-turn rows as a raw prompt, no chat template (what /v1/completions sends)
 USER_X = {"role": "user", "content": "x"}
 EOS_PAD_WEIGHT = 0.5
 PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
-def write_checkpoint(model: LLaDAModelLM, out: Path) -> None:
+def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetensors") -> None:
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state, str(out / name), metadata={"format": "pt"})
 
 
 class Batcher:
@@ -83,6 +90,7 @@ class Batcher:
         self.pool = training_pool()
         self.answers: dict[str, list[int]] = {}
         self.earlier = [e for f, items in self.pool.items() if f != "name" for e in items]
+        self.raw: dict[str, list[int]] = {}
         self.systems = [{"role": "system", "content": s} for s in training_system_prompts()]
         self.segments: dict[tuple[str, str], list[int]] = {}
         # A chat renders as BOS, one segment per message (its header, content and end of turn: the
@@ -103,18 +111,32 @@ class Batcher:
     def encode(self, messages: list[dict]) -> list[int]:
         return self.bos + [i for m in messages for i in self._segment(m)] + self.header
 
+    def _answer(self, example: Example) -> str:
+        """One right answer: open requests have several equally likely ones, drawn per row."""
+        return self.rng.choice(example.right_answers)
+
+    def _prompt(self, example: Example) -> list[int]:
+        if example.single_turn and self.rng.random() < RAW_SHARE:
+            text = example.messages[0]["content"]
+            if text not in self.raw:
+                self.raw[text] = self.tok.encode_prompt(text)
+            return self.raw[text]
+        messages = list(example.messages)
+        if example.family != "name" and self.rng.random() < EARLIER_TURN_SHARE:
+            # The assistant turn is an answer the model itself gives: what a chat client sends back.
+            earlier = self.rng.choice(self.earlier)
+            messages = [*earlier.messages, {"role": "assistant", "content": self._answer(earlier)}, *messages]
+        if self.rng.random() < SYSTEM_PROMPT_SHARE:
+            messages = [self.rng.choice(self.systems), *messages]
+        return self.encode(messages)
+
     def _row(self, long: bool):
         family = self.rng.choices(self.families, weights=self.weights)[0]
         example = self.rng.choice(self.pool[family])
-        messages = list(example.messages)
-        if family != "name" and self.rng.random() < EARLIER_TURN_SHARE:
-            earlier = self.rng.choice(self.earlier)
-            messages = [*earlier.messages, {"role": "assistant", "content": earlier.answer}, *messages]
-        if self.rng.random() < SYSTEM_PROMPT_SHARE:
-            messages = [self.rng.choice(self.systems), *messages]
-        if example.answer not in self.answers:
-            self.answers[example.answer] = self.tok.encode_text(example.answer)
-        prompt, answer = self.encode(messages), self.answers[example.answer]
+        text = self._answer(example)
+        if text not in self.answers:
+            self.answers[text] = self.tok.encode_text(text)
+        prompt, answer = self._prompt(example), self.answers[text]
         low = max(len(answer) + 1, SHORT_CANVAS + 1) if long else len(answer) + 1
         canvas = self.rng.randint(low, LONG_CANVAS if long else max(low, SHORT_CANVAS))
         response = answer + [self.tok.eot_id] + [self.tok.eos_id] * (canvas - len(answer) - 1)
@@ -160,7 +182,7 @@ def quick_eval(model, tok, examples, gen_length: int, steps: int) -> tuple[float
     model.eval()
     results = run_heldout(engine, examples, params, batch=32)
     model.train()
-    hits = sum(r.text.strip() == e.answer for e, r in zip(examples, results))
+    hits = sum(e.is_right(r.text) for e, r in zip(examples, results))
     stops = sum(r.finish_reason == "stop" for r in results)
     return hits / len(examples), stops / len(examples)
 
@@ -179,6 +201,11 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=28.0, help="wall-clock training budget")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="step budget (instead of --minutes)")
+    ap.add_argument("--init", type=Path, default=None, help="continue from this model directory")
+    ap.add_argument("--lr", type=float, default=LR, help="peak learning rate")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="also keep step-N.safetensors every N steps")
+    ap.add_argument("--eval-every-s", type=float, default=EVAL_EVERY_S, help="probe evaluation period (0: never)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -190,8 +217,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     # Tokenizer first: the config needs its special ids; embedding rows are padded to a multiple of 64.
-    hf_tok = build_tokenizer()
-    save_tokenizer(hf_tok, out)
+    if args.init is not None:  # the weights only make sense with their own tokenizer
+        from tokenizers import Tokenizer
+
+        for name in TOKENIZER_FILES:
+            if args.init.resolve() != out.resolve():
+                shutil.copy(args.init / name, out / name)
+        hf_tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    else:
+        hf_tok = build_tokenizer()
+        save_tokenizer(hf_tok, out)
     ids = special_ids(hf_tok)
     vocab_rows = -(-hf_tok.get_vocab_size() // 64) * 64
     config = LLaDAConfig(
@@ -207,6 +242,8 @@ def main() -> None:
 
     model = LLaDAModelLM(config)
     init_weights(model)
+    if args.init is not None:
+        model.load_state_dict(load_file(str(args.init / "model.safetensors")))
     model.train()
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -216,18 +253,22 @@ def main() -> None:
         betas=(0.9, 0.98),
     )
     batcher = Batcher(tok, rng, args.seed)
-    probe = heldout_examples(120)
+    probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
-    print(f"params {model.num_parameters():,}  {vocab}  budget {args.minutes} min", flush=True)
+    budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"
+    print(f"params {model.num_parameters():,}  {vocab}  budget {budget_text}", flush=True)
 
     budget = args.minutes * 60
     start = time.time()
     last_print = last_eval = start
     step, running = 0, None
-    while (elapsed := time.time() - start) < budget:
-        progress = elapsed / budget
+    while True:
+        elapsed = time.time() - start
+        progress = step / args.steps if args.steps else elapsed / budget
+        if progress >= 1:
+            break
         cosine = LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress))
-        lr = LR * min(1.0, (step + 1) / WARMUP_STEPS) * cosine
+        lr = args.lr * min(1.0, (step + 1) / WARMUP_STEPS) * cosine
         for group in opt.param_groups:
             group["lr"] = lr
         noisy, attn, index, targets, weight = batcher.draw()
@@ -250,19 +291,27 @@ def main() -> None:
                 flush=True,
             )
             last_print = now
-        if now - last_eval >= EVAL_EVERY_S:
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            write_checkpoint(model, out, f"step-{step}.safetensors")
+            write_checkpoint(model, out)
+            print(f"  checkpoint step-{step} at {(now - start) / 60:.1f} min", flush=True)
+        if args.eval_every_s and now - last_eval >= args.eval_every_s:
             acc, stop = quick_eval(model, tok, probe, 32, 32)
-            print(f"  checkpoint eval (120 held-out, gen 32, 32 steps): exact {acc:.1%}  stop {stop:.1%}", flush=True)
+            print(
+                f"  probe eval (120 held-out phrasings, gen 32, 32 steps): right {acc:.1%}  stop {stop:.1%}", flush=True
+            )
             write_checkpoint(model, out)
             last_eval = time.time()
 
     model.eval()
     write_checkpoint(model, out)
     minutes = (time.time() - start) / 60
-    final = heldout_examples(400)
+    final = heldout_examples(400, phrasing="heldout")
     for steps in (32, 16):
         acc, stop = quick_eval(model, tok, final, 32, steps)
-        print(f"final eval (400 held-out, gen 32, {steps} steps): exact {acc:.1%}  stop {stop:.1%}", flush=True)
+        print(
+            f"final eval (400 held-out phrasings, gen 32, {steps} steps): right {acc:.1%}  stop {stop:.1%}", flush=True
+        )
     print(f"done: {step} steps in {minutes:.1f} min -> {out}", flush=True)
 
 
