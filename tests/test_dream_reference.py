@@ -154,11 +154,14 @@ def test_a_dream_request_batched_with_others_gives_the_tokens_it_gets_alone(engi
 
 def test_concurrent_dream_requests_through_the_scheduler_match_their_solo_runs(dream_engine):
     dream = dream_engine
-    burst = SchedulerConfig(max_batch_size=8, max_wait_ms=100)  # the requests start together
+    # The requests start together: the scheduler waits for all of them (a short wait could expire on a loaded
+    # machine before the last one is queued, and no forward would be shared).
+    burst = SchedulerConfig(max_batch_size=len(MIXED), max_wait_ms=10_000)
     # The session's Dream model and tokenizer, with a scheduler of its own.
     engine = DiffusionEngine(dream.model, dream.tokenizer, dream.device, dream.model_name, burst)
     try:
-        alone = [engine.generate(messages=m, params=p) for m, p in mixed_requests(engine)]
+        # Solo runs on the session's engine: this one's scheduler would wait for a burst at every lone request.
+        alone = [dream.generate(messages=m, params=p) for m, p in mixed_requests(engine)]
 
         async def together():
             return await asyncio.gather(*(engine.agenerate(messages=m, params=p) for m, p in mixed_requests(engine)))
