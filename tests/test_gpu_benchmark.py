@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from engine import DiffusionEngine, SamplingParams
 from engine.batch import denoise_step
+from engine.kv_slots import kv_slots
 from engine.config import LLaDAConfig
 from engine.dream import DreamModelLM
 from engine.loading import MODEL_CLASSES, compile_from_env, load_model
@@ -269,7 +270,7 @@ CACHED_SETTINGS = [
     "mid_block", [(False, True, True, False), (True,), (False,)], ids=["mixed", "lone-cached", "lone-first-forward"]
 )
 def test_device_side_of_a_cached_step_never_waits_for_the_device(fixture_engine, mid_block):
-    """The KV-cache path (KVFrame forward, cache copies in and out, filler columns, the threshold rule) on the
+    """The KV-cache path (KVFrame forward over the KV pool, filler columns, the threshold rule) on the
     meta device: as above, the only op that may read device data is the packed copy of the proposals."""
     with torch.device("meta"):
         model = LLaDAModelLM(fixture_engine.model.config)
@@ -279,11 +280,9 @@ def test_device_side_of_a_cached_step_never_waits_for_the_device(fixture_engine,
         request = fixture_engine.new_request(
             prompt_token_ids=list(range(5, 5 + 3 * i + 2)), params=SamplingParams(**settings)
         )
-        if cached:  # as if the block's first forward had run: the next one reads the cache
+        if cached:  # as if the block's first forward had run: the next one reads the cache (its pool row)
             request.block_step = 1
-            request.kv_cache_tensor = torch.empty(model.kv_bytes(request.length) // 4, device=meta).view(
-                model.config.n_layers, 2, model.config.n_kv_heads, request.length, model.config.head_dim
-            )
+            kv_slots(model).acquire(request)
         requests.append(request)
     assert any(r.forward_span() != (0, r.length) for r in requests) == any(mid_block)
     with pytest.raises(NotImplementedError, match="meta") as caught:
