@@ -20,6 +20,7 @@ from itertools import chain
 import torch
 
 from engine.block_sampler import BlockDiffusionRequest
+from engine.compiled import static_shapes_of
 from engine.kv_slots import kv_slots
 from engine.model import KVFrame, LLaDAModelLM, LogitIndex
 from engine.sampler import DenoisingRequest, StepEvent
@@ -88,30 +89,56 @@ def _candidate_grid(columns: list[list[int]]) -> tuple[list[int], list[int], int
 
 
 def _full_forward(model, rows: list[_Row], width: int, device, pad_id: int):
-    """Every row computes its whole (left-padded) canvas: the reference path."""
-    batch = len(rows)
-    padded = any(row.pad for row in rows)
+    """Every row computes its whole (left-padded) canvas: the reference path.
+
+    With a compiled model (engine/compiled.py) the step is padded into its bucket: more left padding, dummy
+    rows (pads that see only their last column) and a wider candidate grid; the padding stays hidden.
+    """
+    static = static_shapes_of(model)
+    batch, dummies = len(rows), 0
+    if static is not None:
+        width = static.length(width)
+        dummies = static.batch(batch) - batch
+    padded = static is not None or any(row.request.length != width for row in rows)
     # The step's inputs, host side: canvases, then the candidates' canvas columns (the grid's filler is the
     # row's last candidate column), then the same columns as a flat list.
     ids, mask, columns = [], [], []
     for row in rows:
-        request, shift = row.request, row.pad + row.request.prompt_length
-        ids += [pad_id] * row.pad
+        request = row.request
+        pad = width - request.length
+        ids += [pad_id] * pad
         ids += request.prompt_ids
         ids += request.generated
         if padded:
-            mask += [0] * row.pad + [1] * request.length
-        columns.append([offset + shift for offset in row.offsets])
+            mask += [0] * pad + [1] * request.length
+        columns.append([offset + pad + request.prompt_length for offset in row.offsets])
+    for _ in range(dummies):
+        ids += [pad_id] * width
+        mask += [0] * (width - 1) + [1]
+        columns.append([width - 1])
     grid, real, per_row = _candidate_grid(columns)
-    sections = [ids, mask, grid, real, list(chain(*columns))]
+    if static is not None:
+        grid, real, per_row = _widened_grid(columns, static.candidates(per_row, width), len(rows))
+    rows_total = batch + dummies
+    sections = [ids, mask, grid, real, list(chain(*columns[:batch]))]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     input_ids, attention_mask, candidate_grid, real_entries, candidate_cols = on_device
-    logits = model(
-        input_ids.view(batch, width),
-        attention_mask.view(batch, width) if padded else None,
-        logit_index=LogitIndex(candidate_grid.view(batch, per_row), real_entries if real else None),
-    )
-    return logits, candidate_cols
+    input_ids = input_ids.view(rows_total, width)
+    attention_mask = attention_mask.view(rows_total, width) if padded else None
+    index = LogitIndex(candidate_grid.view(rows_total, per_row), real_entries if real else None)
+    if static is not None:
+        return static(model, input_ids, attention_mask, index, None), candidate_cols
+    return model(input_ids, attention_mask, logit_index=index), candidate_cols
+
+
+def _widened_grid(columns: list[list[int]], per_row: int, real_rows: int) -> tuple[list[int], list[int], int]:
+    """`_candidate_grid` at a bucketed width `per_row`, keeping the candidates of the first `real_rows` rows."""
+    grid, real = [], []
+    for row, row_cols in enumerate(columns):
+        grid += row_cols + [row_cols[-1]] * (per_row - len(row_cols))
+        if row < real_rows:
+            real += range(row * per_row, row * per_row + len(row_cols))
+    return grid, real, per_row
 
 
 def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
@@ -124,6 +151,7 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     only its column 0, so it computes finite garbage and changes nothing.
     """
     del width  # the pool's columns are canvas positions: nothing is left-padded
+    static = static_shapes_of(model)
     slots = kv_slots(model)
     requests = [row.request for row in rows]
     temporary = []
@@ -135,13 +163,18 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     pool_rows = [slots.row_of(request) for request in requests]
     first_row = min(pool_rows)
     batch = max(pool_rows) - first_row + 1
+    if static is not None:  # the bucket: the pool's first rows, its whole width, lengths rounded up
+        first_row, batch = 0, static.batch(max(pool_rows) + 1)
+        slots.ensure(batch, slots.width - 1)
     frame_row = {id(request): row - first_row for request, row in zip(requests, pool_rows)}
     by_frame_row: list[_Row | None] = [None] * batch
     for row in rows:
         by_frame_row[frame_row[id(row.request)]] = row
     computed = max(row.end - row.start for row in rows)
     key_width = max(request.length for request in requests)
-    filler_column = slots.width - 1  # past every canvas, past the key window: written, never read
+    if static is not None:
+        computed, key_width = static.length(computed), slots.width
+    filler_column = slots.width - 1  # past every canvas (hidden if inside the key window): written, never seen
     hide_keys = batch > len(rows) or any(request.length < key_width for request in requests)
 
     ids, columns_of_computed, positions, key_mask, candidates = [], [], [], [], []
@@ -163,6 +196,8 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
         # The logits are wanted at the candidates, counted within the row's computed span.
         candidates.append([request.prompt_length + offset - row.start for offset in row.offsets])
     grid, _, per_row = _candidate_grid(candidates)
+    if static is not None:
+        grid, _, per_row = _widened_grid(candidates, static.candidates(per_row, computed), 0)
     real = [
         frame_row[id(row.request)] * per_row + k for row in rows for k in range(len(row.offsets))
     ]  # the requests' candidates, in the requests' order
@@ -183,12 +218,12 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
         key_width=key_width,
         first_row=first_row,
     )
+    index = LogitIndex(candidate_grid.view(batch, per_row), real_entries if real else None)
     try:
-        logits = model(
-            input_ids.view(batch, computed),
-            logit_index=LogitIndex(candidate_grid.view(batch, per_row), real_entries if real else None),
-            kv=frame,
-        )
+        if static is not None:
+            logits = static(model, input_ids.view(batch, computed), None, index, frame)
+        else:
+            logits = model(input_ids.view(batch, computed), logit_index=index, kv=frame)
     finally:
         for request in reversed(temporary):  # the top rows, highest first: nothing moves
             slots.release(request)

@@ -118,7 +118,11 @@ def kv_slots(model) -> KVSlots:
     """The model's pool, created on first use (on the model's device, in its dtype)."""
     slots = getattr(model, "_kv_slots", None)
     if slots is None:
-        c, weight = model.config, model.model.transformer.wte.weight
-        slots = KVSlots(c.n_layers, c.n_kv_heads, c.head_dim, weight.dtype, weight.device)
+        inner = model.model
+        embedding = inner.transformer.wte if hasattr(inner, "transformer") else inner.embed_tokens  # LLaDA / Dream
+        c, weight = model.config, embedding.weight  # never quantized: the cache's dtype
+        layers = getattr(c, "n_layers", None) or c.num_hidden_layers  # LLaDA's names, or Qwen2's (Dream)
+        kv_heads = getattr(c, "n_kv_heads", None) or c.num_key_value_heads
+        slots = KVSlots(layers, kv_heads, c.head_dim, weight.dtype, weight.device)
         object.__setattr__(model, "_kv_slots", slots)  # plain attribute, not a submodule or buffer
     return slots

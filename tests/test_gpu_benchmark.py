@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from engine import DiffusionEngine, SamplingParams
 from engine.batch import denoise_step
+from engine.compiled import static_shapes_of
 from engine.kv_slots import kv_slots
 from engine.config import LLaDAConfig
 from engine.dream import DreamModelLM
@@ -312,17 +313,17 @@ def test_bf16_padded_batch_runs_the_boolean_key_mask_and_matches_fp32():
 # --- torch.compile: opt-in, wired through load_model, from_pretrained and DLLM_COMPILE ------------------
 
 
-def compiled_blocks(model: LLaDAModelLM) -> list[bool]:
-    return [block._compiled_call_impl is not None for block in model.model.transformer.blocks]
+def is_compiled(model: LLaDAModelLM) -> bool:
+    return static_shapes_of(model) is not None
 
 
 def test_compile_is_off_by_default_and_opt_in(monkeypatch):
     monkeypatch.delenv("DLLM_COMPILE", raising=False)
-    assert not any(compiled_blocks(load_model(FIXTURE_DIR, "cpu")))
-    assert all(compiled_blocks(load_model(FIXTURE_DIR, "cpu", compile=True)))  # compiles lazily: no forward run
+    assert not is_compiled(load_model(FIXTURE_DIR, "cpu"))
+    assert is_compiled(load_model(FIXTURE_DIR, "cpu", compile=True))  # compiles lazily: no forward run
     monkeypatch.setenv("DLLM_COMPILE", "1")
-    assert all(compiled_blocks(DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu").model))
-    assert not any(compiled_blocks(load_model(FIXTURE_DIR, "cpu", compile=False)))  # the argument wins
+    assert is_compiled(DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu").model)
+    assert not is_compiled(load_model(FIXTURE_DIR, "cpu", compile=False))  # the argument wins
     monkeypatch.setenv("DLLM_COMPILE", "yes please")
     with pytest.raises(ValueError, match="DLLM_COMPILE"):
         compile_from_env()
