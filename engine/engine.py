@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from engine.batch import denoise_step
-from engine.compiled import static_shapes_of
 from engine.block_sampler import BlockDiffusionRequest
+from engine.compiled import static_shapes_of
 from engine.config import SamplerDefaults
 from engine.errors import InvalidParameter
 from engine.family_rules import check_family_rules

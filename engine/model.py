@@ -271,4 +271,3 @@ class LLaDAModelLM(nn.Module):
         c = self.config
         element = self.model.transformer.wte.weight.element_size()
         return c.n_layers * 2 * c.n_kv_heads * c.head_dim * positions * element
-

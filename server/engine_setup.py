@@ -1,11 +1,12 @@
 """The engine from the environment: its settings checked before any worker starts, then loaded in the worker.
 
-The settings are DLLM_MODEL, DLLM_DEVICE, DLLM_DTYPE, DLLM_COMPILE (and its DLLM_WARMUP_*), DLLM_QUANTIZE and the scheduler's
-(docs/deploy.md has the table). The service's `@bentoml.on_deployment` hook calls `check_in_child_process` once, in the
-`bentoml serve` process: an invalid setting then stops the command with a message naming it, where a worker
-failing its startup would be restarted by BentoML forever. The check imports the engine, hence torch, so it
-runs in a child process: the long-lived `bentoml serve` process never loads torch. `load_from_env` is the
-worker's startup. Like the rest of `server`, this module imports the engine only inside its functions.
+The settings are DLLM_MODEL, DLLM_DEVICE, DLLM_DTYPE, DLLM_COMPILE (and DLLM_WARMUP_*), DLLM_QUANTIZE and the
+scheduler's (docs/deploy.md has the table). The service's `@bentoml.on_deployment` hook calls
+`check_in_child_process` once, in the `bentoml serve` process: an invalid setting then stops the command with a
+message naming it, where a worker failing its startup would be restarted by BentoML forever. The check imports
+the engine, hence torch, so it runs in a child process: the long-lived `bentoml serve` process never loads torch.
+`load_from_env` is the worker's startup. Like the rest of `server`, this module imports the engine only inside
+its functions.
 """
 
 from __future__ import annotations

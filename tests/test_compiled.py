@@ -81,10 +81,10 @@ def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes()
     assert shapes >= 4
     for mode in ("none", "dual"):
         params = SamplingParams(gen_length=16, block_length=8, num_denoising_steps=16, kv_cache=mode)
-        alone = [(eager.generate(prompt_token_ids=p, params=params), compiled.generate(prompt_token_ids=p, params=params))
-                 for p in PROMPTS]  # fmt: skip
-        assert all(a.canvas_ids == b.canvas_ids for a, b in alone)
-        batches = [[engine.new_request(prompt_token_ids=p, params=params) for p in PROMPTS] for engine in (eager, compiled)]
+        for prompt in PROMPTS:
+            alone = [engine.generate(prompt_token_ids=prompt, params=params) for engine in (eager, compiled)]
+            assert alone[0].canvas_ids == alone[1].canvas_ids
+        batches = [[e.new_request(prompt_token_ids=p, params=params) for p in PROMPTS] for e in (eager, compiled)]
         for engine, requests in zip((eager, compiled), batches):
             while not all(r.finished for r in requests):
                 engine.step([r for r in requests if not r.finished])

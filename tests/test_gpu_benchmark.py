@@ -20,9 +20,9 @@ from torch.utils._pytree import tree_leaves
 from engine import DiffusionEngine, SamplingParams
 from engine.batch import denoise_step
 from engine.compiled import static_shapes_of
-from engine.kv_slots import kv_slots
 from engine.config import LLaDAConfig
 from engine.dream import DreamModelLM
+from engine.kv_slots import kv_slots
 from engine.loading import MODEL_CLASSES, compile_from_env, load_model
 from engine.model import LLaDAModelLM
 from tests.fixture_paths import FIXTURE_DIR, REPO_ROOT
