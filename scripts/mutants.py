@@ -320,8 +320,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-padding-visible",
         BATCH,
-        " mask += [0] * row.pad + [1] * request.length",  # the leading space tells it from key_mask
-        " mask += [1] * (row.pad + request.length)",
+        " mask += [0] * pad + [1] * request.length",  # the leading space tells it from key_mask
+        " mask += [1] * (pad + request.length)",
         "left padding is hidden from attention in a shared forward",
         (f"{LLADA_REFERENCE}::test_batched_reference_rows_reproduced_in_one_shared_forward",),
     ),
