@@ -42,9 +42,11 @@ def length_bucket(length: int) -> int:
 
 def _forward(model, input_ids, attention_mask, grid, buffer, columns, positions, key_mask):
     """The graph: a whole forward whose every input has a bucketed shape (`real` is applied outside it)."""
+    # `forward`, not `model(...)`: a module's hooks (a benchmark's timers) would be traced into the graph and
+    # recompile it at every call; the caller times the compiled call instead.
     if buffer is None:  # the uncached forward, which every family has (Dream's takes no `kv`)
-        return model(input_ids, attention_mask, logit_index=LogitIndex(grid))
-    return model(input_ids, logit_index=LogitIndex(grid), kv=KVFrame(buffer, columns, positions, key_mask))
+        return model.forward(input_ids, attention_mask, logit_index=LogitIndex(grid))
+    return model.forward(input_ids, logit_index=LogitIndex(grid), kv=KVFrame(buffer, columns, positions, key_mask))
 
 
 class StaticShapes:
