@@ -100,7 +100,7 @@ class DiffusionLLMService:
         drain.intercept_signals(asyncio.get_running_loop(), on_grace_expired=self.stop_engine)
 
     def __is_ready__(self) -> bool:
-        return self.engine is not None and not drain.draining
+        return self.engine is not None and self.engine.ready and not drain.draining
 
     def __metrics__(self, text: str) -> str:
         engine_text = self.engine.stats.prometheus_text() if self.engine is not None else ""

@@ -377,10 +377,42 @@ def end_to_end(model, tokenizer, device, plan: Plan, concurrency: int, kv_cache:
         "sampler_share": (step_s - forward_s) / wall,  # batch building, transfers, propose/commit, decode
         "scheduler_share": (wall - step_s) / wall,  # the scheduler loop, event delivery, asyncio
         "peak_mib_per_request": None,
+        "canvases": [r.canvas_ids for r in results],  # for the compiled-vs-eager identity check; not in --json
     }
     if device.type == "cuda":
         row["peak_mib_per_request"] = (torch.cuda.max_memory_allocated(device) - base_memory) / concurrency / 2**20
     return row
+
+
+def without_canvases(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != "canvases"}
+
+
+def compiled_vs_eager(model, tokenizer, device, plan: Plan) -> list[dict]:
+    """--compile: end to end with the eager forward, then with the compiled one (engine/compiled.py: CUDA graphs
+    per shape bucket on CUDA, inductor on CPU), same requests, kv_cache none and dual; ratios and token identity.
+    Each compiled configuration runs once untimed first: its buckets compile (and are captured) there."""
+    rows = []
+    for concurrency in plan.concurrencies:
+        for mode in ("none", "dual") if isinstance(plan.config, LLaDAConfig) else ("none",):  # Dream: no cache
+            static = getattr(model, "_static_shapes", None)
+            object.__delattr__(model, "_static_shapes")  # eager for this row
+            eager = end_to_end(model, tokenizer, device, plan, concurrency, mode)
+            object.__setattr__(model, "_static_shapes", static)
+            end_to_end(model, tokenizer, device, plan, concurrency, mode)  # compiles this row's buckets
+            compiled = end_to_end(model, tokenizer, device, plan, concurrency, mode)
+            rows.append(
+                {
+                    "concurrency": concurrency,
+                    "kv_cache": mode,
+                    "eager_s": eager["wall_s"],
+                    "compiled_s": compiled["wall_s"],
+                    "speedup": eager["wall_s"] / compiled["wall_s"],
+                    "identical": eager["canvases"] == compiled["canvases"],
+                    "compiled_shapes": len(static.shapes),
+                }
+            )
+    return rows
 
 
 def fmt(value, spec: str) -> str:
@@ -398,7 +430,9 @@ def main() -> None:
                         help="LLaDA-8B, Dream-7B or LLaDA2-mini shapes")  # fmt: skip
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
+    parser.add_argument(
+        "--compile", action="store_true", help="also compare the compiled forward (CUDA graphs) with eager, end to end"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this file")
     parser.add_argument(
         "--quantize", choices=QUANTIZE_MODES, default="none", help="weight-only quantization of the blocks' linears"
@@ -432,9 +466,7 @@ def main() -> None:
     quantized = weight_bytes(model, transformer_blocks(model))
     weights_mib = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
     backends = attention_kernels(model, config, device)  # eager: before any compilation
-    if args.compile:
-        compile_model(model)
-    warmup_s = warm_up(model, config, device)
+    warmup_s = warm_up(model, config, device)  # eager: --compile compares both, end to end (below)
     rate = matmul_rate(device, dtype, plan.matmul_size)
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -499,6 +531,17 @@ def main() -> None:
               f"{row['sampler_share']:>9.1%}{row['scheduler_share']:>7.1%}"
               f"{fmt(row['peak_mib_per_request'], '.0f'):>9}")  # fmt: skip
 
+    compile_rows = []
+    if args.compile:
+        compile_model(model)
+        mode = "CUDA graphs per bucket" if device.type == "cuda" else "inductor, CPU"
+        print(f"\ncompiled forward ({mode}) vs eager, end to end, same requests; identical = same tokens")
+        print(f"{'':8}{'mode':>7}{'conc':>5}{'eager s':>9}{'compiled s':>11}{'speed-up':>9}{'identical':>10}")
+        for row in compiled_vs_eager(model, tokenizer, device, plan):
+            compile_rows.append(row)
+            print(f"{'compile':8}{row['kv_cache']:>7}{row['concurrency']:>5}{row['eager_s']:>9.2f}"
+                  f"{row['compiled_s']:>11.2f}{row['speedup']:>8.2f}x{str(row['identical']):>10}")  # fmt: skip
+
     cache_rows = []
     if args.family in ("llada", "dream"):  # Fast-dLLM's cache (block diffusion has its own, always on)
         print(f"\nKV cache (Fast-dLLM), end to end, same requests: gen {plan.gen_length}, block {plan.block_length}, "
@@ -561,8 +604,9 @@ def main() -> None:
             "warmup_s": warmup_s,
             "attention_kernels": backends,
             "forward": forward_rows,
-            "end_to_end": e2e_rows,
-            "kv_cache": cache_rows,
+            "end_to_end": [without_canvases(r) for r in e2e_rows],
+            "kv_cache": [without_canvases(r) for r in cache_rows],
+            "compiled_vs_eager": compile_rows,
             "targets": {k: {"value": v, "target": t, "met": met[k]} for k, (v, t) in targets.items()},
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

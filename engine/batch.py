@@ -6,9 +6,10 @@ last block and the LM head run only at each request's candidate positions. The h
 exactly once per step, when the proposals (one small tensor for the whole batch) come back.
 
 Requests with a KV cache (kv_cache "prefix" or "dual") compute only part of their canvas after a block's
-first forward. A batch holding one runs as a `KVFrame` forward: each row computes its own `forward_span()`
-(a row with a shorter span fills up with entries aimed at a hidden "filler" key column), cached rows bring
-their keys and values into the frame's buffer, and rows at a block's first forward take theirs out of it.
+first forward. A batch holding one runs as a `KVFrame` forward over the model's preallocated KV pool
+(engine/kv_slots.py): each request's row of the pool is its cache, the forward reads it and writes the fresh
+keys and values into it in place, and each row computes its own `forward_span()` (a row with a shorter span
+fills up with entries aimed at a "filler" key column that no query reads). No cache is copied per step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from itertools import chain
 import torch
 
 from engine.block_sampler import BlockDiffusionRequest
+from engine.compiled import static_shapes_of
+from engine.kv_slots import kv_slots
 from engine.model import KVFrame, LLaDAModelLM, LogitIndex
 from engine.sampler import DenoisingRequest, StepEvent
 
@@ -86,91 +89,144 @@ def _candidate_grid(columns: list[list[int]]) -> tuple[list[int], list[int], int
 
 
 def _full_forward(model, rows: list[_Row], width: int, device, pad_id: int):
-    """Every row computes its whole (left-padded) canvas: the reference path."""
-    batch = len(rows)
-    padded = any(row.pad for row in rows)
+    """Every row computes its whole (left-padded) canvas: the reference path.
+
+    With a compiled model (engine/compiled.py) the step is padded into its bucket: more left padding, dummy
+    rows (pads that see only their last column) and a wider candidate grid; the padding stays hidden.
+    """
+    static = static_shapes_of(model)
+    batch, dummies = len(rows), 0
+    if static is not None:
+        width = static.length(width)
+        dummies = static.batch(batch) - batch
+    padded = static is not None or any(row.request.length != width for row in rows)
     # The step's inputs, host side: canvases, then the candidates' canvas columns (the grid's filler is the
     # row's last candidate column), then the same columns as a flat list.
     ids, mask, columns = [], [], []
     for row in rows:
-        request, shift = row.request, row.pad + row.request.prompt_length
-        ids += [pad_id] * row.pad
+        request = row.request
+        pad = width - request.length
+        ids += [pad_id] * pad
         ids += request.prompt_ids
         ids += request.generated
         if padded:
-            mask += [0] * row.pad + [1] * request.length
-        columns.append([offset + shift for offset in row.offsets])
+            mask += [0] * pad + [1] * request.length
+        columns.append([offset + pad + request.prompt_length for offset in row.offsets])
+    for _ in range(dummies):
+        ids += [pad_id] * width
+        mask += [0] * (width - 1) + [1]
+        columns.append([width - 1])
     grid, real, per_row = _candidate_grid(columns)
-    sections = [ids, mask, grid, real, list(chain(*columns))]
+    if static is not None:
+        grid, real, per_row = _widened_grid(columns, static.candidates(per_row, width), len(rows))
+    rows_total = batch + dummies
+    sections = [ids, mask, grid, real, list(chain(*columns[:batch]))]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     input_ids, attention_mask, candidate_grid, real_entries, candidate_cols = on_device
-    logits = model(
-        input_ids.view(batch, width),
-        attention_mask.view(batch, width) if padded else None,
-        logit_index=LogitIndex(candidate_grid.view(batch, per_row), real_entries if real else None),
-    )
-    return logits, candidate_cols
+    input_ids = input_ids.view(rows_total, width)
+    attention_mask = attention_mask.view(rows_total, width) if padded else None
+    index = LogitIndex(candidate_grid.view(rows_total, per_row), real_entries if real else None)
+    if static is not None:
+        return static(model, input_ids, attention_mask, index, None), candidate_cols
+    return model(input_ids, attention_mask, logit_index=index), candidate_cols
+
+
+def _widened_grid(columns: list[list[int]], per_row: int, real_rows: int) -> tuple[list[int], list[int], int]:
+    """`_candidate_grid` at a bucketed width `per_row`, keeping the candidates of the first `real_rows` rows."""
+    grid, real = [], []
+    for row, row_cols in enumerate(columns):
+        grid += row_cols + [row_cols[-1]] * (per_row - len(row_cols))
+        if row < real_rows:
+            real += range(row * per_row, row * per_row + len(row_cols))
+    return grid, real, per_row
 
 
 def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
-    """Each row computes its forward span; keys and values travel through a KVFrame buffer.
+    """Each row computes its forward span, against the model's KV pool (engine/kv_slots.py), in place.
 
-    A lone request uses its own cache as the buffer (its fresh keys and values are written into it in place,
-    which is harmless: those columns are recomputed at every step before they are read again). Otherwise the
-    cached rows are copied into a zeroed buffer, and rows at a block's first forward keep a copy of theirs.
+    Every request has a row of the pool: a cached one from its first cached forward to its end, an uncached
+    one that shares this step with cached ones for this step only. The frame is the pool's rows from the
+    lowest to the highest of the batch; a row in between that is not stepped now (the batching policy left it
+    out) runs as a dummy: its entries aim at the pool's last column, which no real query reads, and it sees
+    only its column 0, so it computes finite garbage and changes nothing.
     """
-    batch = len(rows)
-    computed = max(row.end - row.start for row in rows)
-    ragged = any(row.end - row.start != computed for row in rows)
-    filler_column = width  # one extra key column, always hidden, for the entries of shorter rows
-    key_width = width + ragged
-    hide_keys = ragged or any(row.pad for row in rows)
-
-    ids, columns_of_computed, positions, key_mask, candidates, cols = [], [], [], [], [], []
+    del width  # the pool's columns are canvas positions: nothing is left-padded
+    static = static_shapes_of(model)
+    slots = kv_slots(model)
+    requests = [row.request for row in rows]
+    temporary = []
+    for request in sorted(requests, key=lambda r: not r.uses_kv_cache):  # this step's rows on top
+        if request.kv_slot is None:
+            slots.acquire(request)
+            if not request.uses_kv_cache:
+                temporary.append(request)
+    pool_rows = [slots.row_of(request) for request in requests]
+    first_row = min(pool_rows)
+    batch = max(pool_rows) - first_row + 1
+    if static is not None:  # the bucket: the pool's first rows, its whole width, lengths rounded up
+        first_row, batch = 0, static.batch(max(pool_rows) + 1)
+        slots.ensure(batch, slots.width - 1)
+    frame_row = {id(request): row - first_row for request, row in zip(requests, pool_rows)}
+    by_frame_row: list[_Row | None] = [None] * batch
     for row in rows:
+        by_frame_row[frame_row[id(row.request)]] = row
+    computed = max(row.end - row.start for row in rows)
+    key_width = max(request.length for request in requests)
+    if static is not None:
+        computed, key_width = static.length(computed), slots.width
+    filler_column = slots.width - 1  # past every canvas (hidden if inside the key window): written, never seen
+    hide_keys = batch > len(rows) or any(request.length < key_width for request in requests)
+
+    ids, columns_of_computed, positions, key_mask, candidates = [], [], [], [], []
+    for row in by_frame_row:
+        if row is None:  # a dummy
+            ids += [pad_id] * computed
+            columns_of_computed += [filler_column] * computed
+            positions += [0] * computed
+            key_mask += [1] + [0] * (key_width - 1)
+            candidates.append([0])
+            continue
         request, fill = row.request, computed - (row.end - row.start)
         canvas = request.prompt_ids + request.generated
         ids += canvas[row.start : row.end] + [pad_id] * fill
-        columns_of_computed += range(row.pad + row.start, row.pad + row.end)
-        columns_of_computed += [filler_column] * fill
-        positions += range(row.start, row.end)
-        positions += [0] * fill
+        columns_of_computed += [*range(row.start, row.end), *[filler_column] * fill]
+        positions += [*range(row.start, row.end), *[0] * fill]
         if hide_keys:
-            key_mask += [0] * row.pad + [1] * request.length + [0] * ragged
+            key_mask += [1] * request.length + [0] * (key_width - request.length)
         # The logits are wanted at the candidates, counted within the row's computed span.
         candidates.append([request.prompt_length + offset - row.start for offset in row.offsets])
-        cols += [row.pad + request.prompt_length + offset for offset in row.offsets]
-    grid, real, per_row = _candidate_grid(candidates)
+    grid, _, per_row = _candidate_grid(candidates)
+    if static is not None:
+        grid, _, per_row = _widened_grid(candidates, static.candidates(per_row, computed), 0)
+    real = [
+        frame_row[id(row.request)] * per_row + k for row in rows for k in range(len(row.offsets))
+    ]  # the requests' candidates, in the requests' order
+    if real == list(range(batch * per_row)):
+        real = []
+    # LocalLeap reads distances only: a candidate's canvas position serves.
+    cols = [row.request.prompt_length + offset for row in rows for offset in row.offsets]
     sections = [ids, columns_of_computed, positions, key_mask, grid, real, cols]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     input_ids, computed_columns, computed_positions, key_mask_t, candidate_grid, real_entries, candidate_cols = (
         on_device
     )
-
-    lone = rows[0] if batch == 1 else None
-    if lone is not None and not lone.computes_all:
-        buffer = lone.request.kv_cache_tensor[:, :, None]
-    else:
-        buffer = model.new_kv_buffer(batch, key_width)
-        for index, row in enumerate(rows):
-            if not row.computes_all:
-                buffer[:, :, index, :, row.pad : row.pad + row.request.length] = row.request.kv_cache_tensor
     frame = KVFrame(
-        buffer,
+        slots.pool,
         computed_columns.view(batch, computed),
         computed_positions.view(batch, computed),
         key_mask_t.view(batch, key_width).bool() if hide_keys else None,
+        key_width=key_width,
+        first_row=first_row,
     )
-    logits = model(
-        input_ids.view(batch, computed),
-        logit_index=LogitIndex(candidate_grid.view(batch, per_row), real_entries if real else None),
-        kv=frame,
-    )
-    for index, row in enumerate(rows):
-        if row.computes_all and row.request.uses_kv_cache:
-            # The block's first forward: its keys and values are the cache for the rest of the block.
-            own = buffer[:, :, index, :, row.pad : row.pad + row.request.length]
-            row.request.kv_cache_tensor = own if lone is not None else own.clone()  # a lone row's is the buffer
+    index = LogitIndex(candidate_grid.view(batch, per_row), real_entries if real else None)
+    try:
+        if static is not None:
+            logits = static(model, input_ids.view(batch, computed), None, index, frame)
+        else:
+            logits = model(input_ids.view(batch, computed), logit_index=index, kv=frame)
+    finally:
+        for request in reversed(temporary):  # the top rows, highest first: nothing moves
+            slots.release(request)
     return logits, candidate_cols
 
 

@@ -138,9 +138,7 @@ class DreamModelLM(nn.Module):
         if kv is not None:
             positions, key_mask = kv.positions, None if kv.key_mask is None else kv.key_mask[:, None, None, :]
             cos, sin = self.rotary.get(int(kv.buffer.shape[-2]), input_ids.device)  # positions < key columns
-            c = self.config
-            index = kv.columns[:, None, :, None].expand(-1, c.num_key_value_heads, -1, c.head_dim)
-            layers_kv = [LayerKV(layer_buffer, index) for layer_buffer in kv.buffer]
+            layers_kv = kv.layers()
         elif attention_mask is None:
             positions = torch.arange(length, device=input_ids.device)[None]  # [1, T]
             key_mask = None
@@ -174,12 +172,6 @@ class DreamModelLM(nn.Module):
         c = self.config
         element = self.model.embed_tokens.weight.element_size()
         return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * positions * element
-
-    def new_kv_buffer(self, rows: int, columns: int) -> torch.Tensor:
-        """A zeroed KVFrame buffer (zeros, not garbage: padding columns are read, then masked, by attention)."""
-        c, weight = self.config, self.model.embed_tokens.weight
-        shape = (c.num_hidden_layers, 2, rows, c.num_key_value_heads, columns, c.head_dim)
-        return torch.zeros(shape, dtype=weight.dtype, device=weight.device)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

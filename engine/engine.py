@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import operator
 import threading
+import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
@@ -24,6 +26,7 @@ import torch
 
 from engine.batch import denoise_step
 from engine.block_sampler import BlockDiffusionRequest
+from engine.compiled import static_shapes_of
 from engine.config import SamplerDefaults
 from engine.dream_cache import DreamCachedRequest
 from engine.errors import InvalidParameter
@@ -43,6 +46,9 @@ from engine.sampler import DenoisingRequest, GenerationResult, StepEvent
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.stats import EngineStats
 from engine.tokenizer import ChatTokenizer
+from engine.warm_up import WarmUpPlan, run_warm_up
+
+logger = logging.getLogger(__name__)
 
 
 def _token_id(value) -> int:
@@ -91,6 +97,7 @@ class DiffusionEngine:
         self.stats = EngineStats()  # every request, sync or async: they all go through the scheduler
         self.stats.set_kv_cache_budget(config.kv_cache_budget_bytes)
         self.stats.set_model(model_weight_bytes(model), loaded_quantization(model))
+        self.warming_up = False  # readiness is false while warm_up runs
         self._scheduler: Scheduler | None = None  # started by the first request
         self._scheduler_lock = threading.Lock()
         # Tokenizes async requests off the event loop, bounded (see `astream` and engine/preparation.py).
@@ -114,7 +121,9 @@ class DiffusionEngine:
         dtype: None → bfloat16 on CUDA, float32 on CPU (bfloat16 on both when quantized); a torch dtype or its
             name ("bfloat16", "float16", "float32").
         scheduler_config: how the scheduler batches requests; None → `SchedulerConfig.from_env()`.
-        compile: `torch.compile` the model forward (dynamic shapes); None → DLLM_COMPILE=1 (off by default).
+        compile: the compiled static-shape forward (engine/compiled.py: steps padded into shape buckets, inductor
+            on CPU, CUDA graphs on CUDA); None → DLLM_COMPILE=1 (off by default: not faster on the CPUs measured,
+            docs/benchmarks.md). Refused with quantized weights. Call `warm_up` to compile before traffic.
         quantize: weight-only quantization of the transformer blocks' linear layers, "none", "int8", "int4" or
             "fp8" (engine/quantization.py); None → DLLM_QUANTIZE (none by default).
         """
@@ -343,7 +352,48 @@ class DiffusionEngine:
 
     def step(self, requests: list[DenoisingRequest]) -> list[StepEvent | Exception]:
         """One shared forward for `requests` and each one's sampler step (see engine.batch)."""
-        return denoise_step(self.model, requests, self.device, self.model.config.pad_token_id)
+        events = denoise_step(self.model, requests, self.device, self.model.config.pad_token_id)
+        static = static_shapes_of(self.model)
+        if static is not None:
+            self.stats.set_compile(len(static.shapes), static.recompiles)
+        return events
+
+    @property
+    def compiled(self) -> bool:
+        """Whether steps run the compiled static-shape forward."""
+        return static_shapes_of(self.model) is not None
+
+    @property
+    def ready(self) -> bool:
+        """False while `warm_up` runs (the service's readiness probe reads it)."""
+        return not self.warming_up
+
+    def warm_up(self, plan: WarmUpPlan | None = None) -> float:
+        """Run one step of each configured shape bucket (engine/warm_up.py), so that a compiled forward has its
+        graphs before the first request; returns (and logs, and exposes as dllm_warm_up_seconds) the seconds it
+        took. Call it before serving. Eager, it only exercises the path. Compiled, it also reserves the KV pool
+        at its serving size (the graphs are specialised on it), and every later new shape counts as a recompile."""
+        plan = plan or WarmUpPlan.from_env()
+        self.warming_up = True
+        started = time.perf_counter()
+        try:
+            run_warm_up(self, plan)
+        finally:
+            self.warming_up = False
+        seconds = time.perf_counter() - started
+        static = static_shapes_of(self.model)
+        if static is not None:
+            static.warmed_up = True
+            self.stats.set_compile(len(static.shapes), static.recompiles)
+        self.stats.set_warm_up(seconds)
+        logger.info(
+            "warm-up: %s in %.1fs (%s forward, %d shapes)",
+            plan,
+            seconds,
+            "compiled" if static is not None else "eager",
+            0 if static is None else len(static.shapes),
+        )
+        return seconds
 
     # --- the sync API: blocks the calling thread; denoising runs on the scheduler thread, batched ------
 

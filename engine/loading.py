@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from engine.compiled import compile_static
 from engine.config import DreamConfig, LLaDA2Config, LLaDAConfig, read_config
 from engine.dream import DreamModelLM
 from engine.llada2 import LLaDA2MoeModelLM
 from engine.model import LLaDAModelLM
 from engine.quantization import BlockStreamer, check_quantization, quantize_from_env, quantize_mode, quantized_dtype
+
+logger = logging.getLogger(__name__)
 
 DiffusionLM = LLaDAModelLM | DreamModelLM | LLaDA2MoeModelLM
 # One model class per family; each takes its config and has the forward contract engine/batch.py uses.
@@ -81,13 +85,24 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def compile_from_env() -> bool:
-    """DLLM_COMPILE=1 turns on `torch.compile` of the model forward (off by default)."""
+    """DLLM_COMPILE=1 turns on the compiled static-shape forward (engine/compiled.py); off by default (on
+    this project's CPU measurements eager is as fast: docs/benchmarks.md)."""
     raw = os.environ.get("DLLM_COMPILE", "").strip().lower()
     if raw in ("", "0", "false", "no", "off"):
         return False
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"DLLM_COMPILE must be 1 or 0, got {raw!r}")
+
+
+def check_compile(compile: bool, quantize: str, setting: str = "compile") -> None:
+    """Compiling quantized weights is refused: torchao's weight tensors make dynamo recompile the forward at
+    every step until its recompile limit (measured on CPU), which is slower than eager, not faster."""
+    if compile and quantize != "none":
+        raise ValueError(
+            f"{setting}: the compiled forward does not apply to quantized weights (quantize={quantize!r}); "
+            "use one or the other"
+        )
 
 
 def transformer_blocks(model: DiffusionLM) -> torch.nn.ModuleList:
@@ -98,18 +113,12 @@ def transformer_blocks(model: DiffusionLM) -> torch.nn.ModuleList:
 
 
 def compile_model(model: DiffusionLM) -> DiffusionLM:
-    """`torch.compile` the transformer blocks in place (module, state dict and `model.config` unchanged).
-
-    Regional compilation: the blocks hold all the compute, and since every block runs the same code one
-    compiled graph serves all of them, so warm-up costs one block's compilation instead of the whole
-    forward's (about 4x shorter in a CPU measurement). Embedding, final norm, the candidate gather and
-    the LM head stay eager: one kernel each, and keeping the number of candidates out of the graph
-    avoids recompiles.
-    dynamic=True: batch size and canvas length change from step to step. Still compiled separately:
-    batch 1 vs larger (torch specialises size-1 dims) and padded vs unpadded batches; see docs/gpu.md.
-    """
-    for block in transformer_blocks(model):
-        block.compile(dynamic=True)
+    """Give the model its compiled static-shape forward (engine/compiled.py), used by engine/batch.py's steps;
+    module, state dict and `model.config` unchanged. LLaDA2's block step is not compiled (it stays eager)."""
+    if isinstance(model, LLaDA2MoeModelLM):
+        logger.warning("compile: LLaDA2's block step has no compiled forward yet; it runs eagerly")
+        return model
+    compile_static(model)
     return model
 
 
@@ -127,12 +136,14 @@ def load_model(
     is never cast at all).
     The family (LLaDA, Dream or LLaDA2) comes from config.json (`engine.config.read_config`); its own tensor names
     must match exactly, so a checkpoint of another architecture fails here rather than computing garbage.
-    compile: `torch.compile` the transformer blocks (`compile_model`); None → DLLM_COMPILE (off unless 1).
+    compile: the compiled static-shape forward (`compile_model`); None → DLLM_COMPILE (off unless 1). Refused
+        with quantized weights.
     quantize: none, int8, int4 or fp8 (engine/quantization.py): each block's linear layers are quantized as
         soon as the block's tensors are read; None → DLLM_QUANTIZE (none unless set).
     """
     compile = compile_from_env() if compile is None else compile
     quantize = quantize_from_env() if quantize is None else quantize_mode(quantize)
+    check_compile(compile, quantize)
     config = read_config(model_dir)
     dtype = quantized_dtype(quantize, dtype) or default_dtype(device)
     check_quantization(quantize, device, dtype)

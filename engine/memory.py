@@ -3,9 +3,10 @@ hold together, the longest prompt, and the positions one forward computes.
 
 A cached request keeps its canvas's keys and values from each block's first forward to the end of the block:
 n_layers × 2 × n_kv_heads × head_dim × (prompt + canvas) elements — for LLaDA-8B in bfloat16, 32 × 2 × 4096 ×
-2 bytes = 0.5 MiB per position, 160 MiB for a 64-token prompt and a 256-token canvas. When several cached
-requests share a forward, their caches are also copied into that step's buffer, so a step can briefly need
-as much again: the defaults leave that headroom.
+2 bytes = 0.5 MiB per position, 160 MiB for a 64-token prompt and a 256-token canvas. The caches live in one
+preallocated pool (engine/kv_slots.py) whose rows are as wide as the longest live canvas (rounded up to 64
+columns, plus one) and whose row count is rounded up to a power of two, so the pool can hold more than the
+sum of the reservations: the defaults leave that headroom. No step copies a cache.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import torch
 
 # Shares of the memory that is free once the model is loaded (CUDA) or of the machine's memory (CPU). On
-# CUDA the rest is the per-step copy above, activations and the allocator's slack.
+# CUDA the rest is the pool's rounding above, activations and the allocator's slack.
 CUDA_FREE_MEMORY_SHARE = 0.4
 CPU_MEMORY_SHARE = 0.25
 

@@ -104,35 +104,64 @@ class LogitIndex:
 class KVFrame:
     """Keys and values for a forward that computes only some positions of each row (the approximate KV cache).
 
-    buffer: [n_layers, 2, B, n_kv_heads, K, head_dim]: keys (after RoPE) and values of every key column. The
-        caller fills the columns the forward does not compute (from a request's cache); the forward writes the
-        fresh keys and values of the columns it computes into it, in place, and attention reads all K columns.
+    buffer: [n_layers, 2, R, n_kv_heads, W, head_dim], contiguous: keys (after RoPE) and values. The frame is
+        its first B rows (B = the batch) and first K key columns (`key_width`); in serving it is the
+        preallocated pool of engine/kv_slots.py, whose row b is batch row b's cache. The forward writes the fresh
+        keys and values of the columns it computes into it, in place, and attention reads all K columns.
     columns: [B, A] the key column of each computed position, i.e. of each entry of `input_ids`. A row with
         fewer than A positions points its filler entries at a column that `key_mask` hides.
-    positions: [B, A] the rotary position of each computed entry: its place in its own canvas, not counting
-        left padding. A cached key then stays valid wherever its row is padded at a later step.
-    key_mask: [B, K], False on left padding and filler columns; None when every column is a real key.
+    positions: [B, A] the rotary position of each computed entry: its place in its own canvas. A cached key
+        then stays valid wherever its row sits.
+    key_mask: [B, K], False on columns a row must not see (past its canvas, filler); None when every one of
+        the K columns is a real key of every row.
+    key_width: K; None → the mask's width, or the buffer's whole width W.
+    first_row: the buffer row of batch row 0 (the frame is rows [first_row, first_row + B)).
     """
 
     buffer: torch.Tensor
     columns: torch.Tensor
     positions: torch.Tensor
     key_mask: torch.Tensor | None = None
+    key_width: int | None = None
+    first_row: int = 0
+
+    def layers(self) -> list[LayerKV]:
+        """One `LayerKV` per layer. The writes go through one flat index into the whole buffer: an in-place
+        `index_put_` that torch.compile keeps in place (a `scatter_` into a view of an input is turned into
+        a copy of the whole buffer per layer)."""
+        n_layers, _, rows, heads, width, head_dim = self.buffer.shape
+        batch = self.columns.shape[0]
+        keys = self.key_width or (width if self.key_mask is None else self.key_mask.shape[1])
+        device = self.columns.device
+        row_index = (torch.arange(batch, device=device)[:, None, None] + self.first_row) * heads
+        head_index = torch.arange(heads, device=device)[None, :, None]
+        within = ((row_index + head_index) * width + self.columns[:, None, :]).flatten()  # [B·H·A]
+        plane = rows * heads * width  # elements of one (layer, key-or-value) plane, in head_dim rows
+        starts = torch.arange(2 * n_layers, device=device)[:, None] * plane
+        index = (starts + within[None, :]).view(n_layers, 2, -1)
+        flat = self.buffer.view(-1, head_dim)
+        rows_used = slice(self.first_row, self.first_row + batch)
+        return [
+            LayerKV(flat, index[layer, 0], index[layer, 1], self.buffer[layer, :, rows_used, :, :keys])
+            for layer in range(n_layers)
+        ]
 
 
 @dataclass(frozen=True)
 class LayerKV:
     """One layer's view of a KVFrame."""
 
-    buffer: torch.Tensor  # [2, B, n_kv_heads, K, head_dim]
-    index: torch.Tensor  # the frame's columns expanded to [B, n_kv_heads, A, head_dim], for scatter_
+    flat: torch.Tensor  # the frame's whole buffer as rows of head_dim
+    key_index: torch.Tensor  # [B·n_kv_heads·A] rows of `flat` that the fresh keys go to
+    value_index: torch.Tensor
+    frame: torch.Tensor  # [2, B, n_kv_heads, K, head_dim]: what attention reads
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the fresh keys (rotated) and values [B, n_kv_heads, A, head_dim]; return every column's."""
-        keys, values = self.buffer[0], self.buffer[1]
-        keys.scatter_(2, self.index, k)
-        values.scatter_(2, self.index, v)
-        return keys, values
+        head_dim = k.shape[-1]
+        self.flat.index_put_((self.key_index,), k.reshape(-1, head_dim))
+        self.flat.index_put_((self.value_index,), v.reshape(-1, head_dim))
+        return self.frame[0], self.frame[1]
 
 
 class LLaDABlock(nn.Module):
@@ -223,8 +252,7 @@ class LLaDAModelLM(nn.Module):
             cos, sin = self.rotary.get(int(kv.buffer.shape[-2]), input_ids.device)  # positions < key columns
             cos, sin = rope_rows(cos, kv.positions), rope_rows(sin, kv.positions)
             key_mask = None if kv.key_mask is None else kv.key_mask[:, None, None, :]
-            index = kv.columns[:, None, :, None].expand(-1, self.config.n_kv_heads, -1, self.config.head_dim)
-            layers = [LayerKV(layer_buffer, index) for layer_buffer in kv.buffer]
+            layers = kv.layers()
         *blocks, last = t.blocks
         for block, layer_kv in zip(blocks, layers):
             x = block(x, cos, sin, key_mask, kv=layer_kv)
@@ -243,10 +271,3 @@ class LLaDAModelLM(nn.Module):
         c = self.config
         element = self.model.transformer.wte.weight.element_size()
         return c.n_layers * 2 * c.n_kv_heads * c.head_dim * positions * element
-
-    def new_kv_buffer(self, rows: int, columns: int) -> torch.Tensor:
-        """A zeroed KVFrame buffer. Zeros, not garbage: padding columns are read (then masked) by attention,
-        and a NaN there would survive the mask."""
-        c, weight = self.config, self.model.transformer.wte.weight
-        shape = (c.n_layers, 2, rows, c.n_kv_heads, columns, c.head_dim)
-        return torch.zeros(shape, dtype=weight.dtype, device=weight.device)

@@ -123,9 +123,9 @@ class DenoisingRequest:
         self.generator = None
         if params.temperature > 0:
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
-        # Keys and values of the whole canvas from the current block's first forward (engine/batch.py writes
-        # it): [n_layers, 2, n_kv_heads, length, head_dim], `kv_cache_bytes` in size. Dropped when the request ends.
-        self.kv_cache_tensor: torch.Tensor | None = None
+        # The row of the model's KV pool (engine/kv_slots.py) that holds this request's keys and values from its
+        # first cached forward to its end; engine/batch.py takes it and writes it. None: no cache (yet).
+        self.kv_slot = None
         self.kv_cache_bytes = kv_cache_bytes
 
     @property
@@ -153,9 +153,16 @@ class DenoisingRequest:
         end = self.length if self.params.kv_cache == "prefix" else start + self.params.block_length
         return start, end
 
+    @property
+    def kv_cache_tensor(self) -> torch.Tensor | None:
+        """Keys and values of the whole canvas, from the current block's first forward: [n_layers, 2,
+        n_kv_heads, length, head_dim], `kv_cache_bytes` in size, a view of the request's row of the pool."""
+        return None if self.kv_slot is None else self.kv_slot.view(self)
+
     def release(self) -> None:
-        """Free what the request holds on the device (its KV cache); called when it ends or is cancelled."""
-        self.kv_cache_tensor = None
+        """Free what the request holds on the device (its KV cache row); called when it ends or is cancelled."""
+        if self.kv_slot is not None:
+            self.kv_slot.release(self)
 
     def candidate_offsets(self) -> list[int]:
         """Masked offsets (from the first generated position) of the current block, ascending."""

@@ -58,6 +58,12 @@ METRICS = {
     "dllm_kv_cache_budget_bytes": ("gauge", "KV-cache memory running requests may reserve together."),
     "dllm_model_weight_bytes": ("gauge", "Bytes of the loaded model's weights (quantized ones at their packed size)."),
     "dllm_model_quantization_info": ("gauge", "Always 1; its label says the loaded weights' quantization."),
+    "dllm_compiled_shapes": ("gauge", "Shape buckets the compiled forward has compiled (0 when it runs eagerly)."),
+    "dllm_compile_recompiles_total": (
+        "counter",
+        "Shapes compiled after warm-up ended, while serving (each one stalls its step; 0 when warm-up covers traffic).",
+    ),
+    "dllm_warm_up_seconds": ("gauge", "Seconds the startup warm-up took (compiling the configured shape buckets)."),
     "dllm_requests_total": ("counter", "Requests accepted by the scheduler (rejected-as-overloaded excluded)."),
     "dllm_requests_cancelled_total": ("counter", "Requests cancelled by their consumer (client disconnect)."),
     "dllm_requests_overloaded_total": ("counter", "Requests refused because the engine was at capacity (HTTP 429)."),
@@ -78,6 +84,9 @@ class EngineStats:
         self.kv_cache_budget_bytes = 0
         self.model_weight_bytes = 0
         self.quantization = "none"
+        self.compiled_shapes = 0
+        self.compile_recompiles_total = 0
+        self.warm_up_seconds = 0.0
         self.requests_total = 0
         self.requests_cancelled_total = 0
         self.requests_overloaded_total = 0
@@ -115,6 +124,15 @@ class EngineStats:
             self.model_weight_bytes = weight_bytes
             self.quantization = quantization
 
+    def set_compile(self, shapes: int, recompiles: int) -> None:
+        with self._lock:
+            self.compiled_shapes = shapes
+            self.compile_recompiles_total = recompiles
+
+    def set_warm_up(self, seconds: float) -> None:
+        with self._lock:
+            self.warm_up_seconds = seconds
+
     def forward_done(self, batch_size: int, tokens_committed: int) -> None:
         with self._lock:
             self.forward_passes_total += 1
@@ -142,6 +160,9 @@ class EngineStats:
                 "dllm_kv_cache_budget_bytes": self.kv_cache_budget_bytes,
                 "dllm_model_weight_bytes": self.model_weight_bytes,
                 "dllm_model_quantization_info": {"labels": {"quantization": self.quantization}, "value": 1},
+                "dllm_compiled_shapes": self.compiled_shapes,
+                "dllm_compile_recompiles_total": self.compile_recompiles_total,
+                "dllm_warm_up_seconds": round(self.warm_up_seconds, 3),
                 "dllm_requests_total": self.requests_total,
                 "dllm_requests_cancelled_total": self.requests_cancelled_total,
                 "dllm_requests_overloaded_total": self.requests_overloaded_total,

@@ -1,11 +1,12 @@
 """The engine from the environment: its settings checked before any worker starts, then loaded in the worker.
 
-The settings are DLLM_MODEL, DLLM_DEVICE, DLLM_DTYPE, DLLM_COMPILE, DLLM_QUANTIZE and the scheduler's
-(docs/deploy.md has the table). The service's `@bentoml.on_deployment` hook calls `check_in_child_process` once, in the
-`bentoml serve` process: an invalid setting then stops the command with a message naming it, where a worker
-failing its startup would be restarted by BentoML forever. The check imports the engine, hence torch, so it
-runs in a child process: the long-lived `bentoml serve` process never loads torch. `load_from_env` is the
-worker's startup. Like the rest of `server`, this module imports the engine only inside its functions.
+The settings are DLLM_MODEL, DLLM_DEVICE, DLLM_DTYPE, DLLM_COMPILE (and DLLM_WARMUP_*), DLLM_QUANTIZE and the
+scheduler's (docs/deploy.md has the table). The service's `@bentoml.on_deployment` hook calls
+`check_in_child_process` once, in the `bentoml serve` process: an invalid setting then stops the command with a
+message naming it, where a worker failing its startup would be restarted by BentoML forever. The check imports
+the engine, hence torch, so it runs in a child process: the long-lived `bentoml serve` process never loads torch.
+`load_from_env` is the worker's startup. Like the rest of `server`, this module imports the engine only inside
+its functions.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def check_engine_configuration() -> None:
     from engine import SchedulerConfig
     from engine.config import read_config
     from engine.loading import (
+        check_compile,
         compile_from_env,
         default_device,
         default_dtype,
@@ -61,10 +63,13 @@ def check_engine_configuration() -> None:
         weight_files,
     )
     from engine.quantization import check_quantization, quantize_from_env, quantized_dtype
+    from engine.warm_up import WarmUpPlan
 
     SchedulerConfig.from_env()
-    compile_from_env()
+    WarmUpPlan.from_env()
+    compile = compile_from_env()
     quantize = quantize_from_env()
+    check_compile(compile, quantize, setting="DLLM_COMPILE=1 with DLLM_QUANTIZE")
     dtype = dtype_from_name(raw_dtype) if (raw_dtype := os.environ.get("DLLM_DTYPE")) else None
     device = os.environ.get("DLLM_DEVICE") or None
     if device:
@@ -131,4 +136,6 @@ def load_from_env() -> DiffusionEngine:
         time.perf_counter() - started,
         engine.scheduler_config,
     )
+    if engine.compiled:  # before the engine is handed over: readiness stays false until the graphs exist
+        engine.warm_up()
     return engine

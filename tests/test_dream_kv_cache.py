@@ -20,6 +20,7 @@ import torch
 
 from engine import DiffusionEngine, InvalidParameter, SamplingParams, SchedulerConfig
 from engine.dream_cache import DreamCachedRequest, cached_block_quotas
+from engine.kv_slots import kv_slots
 from engine.sampler import DenoisingRequest
 from tests.fixture_paths import REPO_ROOT, dream_reference, fast_dllm_dream_reference
 
@@ -217,13 +218,16 @@ def test_the_dream_cache_lives_from_the_first_forward_to_the_end(dream_engine):
     per_position = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 4  # float32
     assert request.kv_cache_bytes == dream_engine.model.kv_bytes(request.length) == per_position * request.length
     assert request.kv_cache_tensor is None
-    sizes = set()
+    slots = kv_slots(dream_engine.model)
+    held = []
     while not request.finished:
         dream_engine.step([request])
-        if not request.finished:
-            sizes.add(request.kv_cache_tensor.untyped_storage().nbytes())
-    assert request.kv_cache_tensor is None  # released with the result
-    assert sizes == {request.kv_cache_bytes}
+        if not request.finished:  # a row of the model's KV pool (engine/kv_slots.py), the request's canvas wide
+            cache = request.kv_cache_tensor
+            assert cache.untyped_storage().data_ptr() == slots.pool.untyped_storage().data_ptr()
+            held.append(cache[:, :, :, : request.length].numel() * cache.element_size())
+    assert request.kv_cache_tensor is None and slots.live == 0 and slots.pool is None  # released with the result
+    assert held and set(held) == {request.kv_cache_bytes}
 
 
 def test_a_dream_cache_over_the_budget_is_refused_on_kv_cache(dream_engine):

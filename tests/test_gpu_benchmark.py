@@ -19,8 +19,10 @@ from torch.utils._pytree import tree_leaves
 
 from engine import DiffusionEngine, SamplingParams
 from engine.batch import denoise_step
+from engine.compiled import static_shapes_of
 from engine.config import LLaDAConfig
 from engine.dream import DreamModelLM
+from engine.kv_slots import kv_slots
 from engine.loading import MODEL_CLASSES, compile_from_env, load_model
 from engine.model import LLaDAModelLM
 from tests.fixture_paths import FIXTURE_DIR, REPO_ROOT
@@ -276,8 +278,8 @@ CACHED_SETTINGS = [
     "mid_block", [(False, True, True, False), (True,), (False,)], ids=["mixed", "lone-cached", "lone-first-forward"]
 )
 def test_device_side_of_a_cached_step_never_waits_for_the_device(request, engine_fixture, mid_block):
-    """The KV-cache path (KVFrame forward, cache copies in and out, filler columns, the threshold rule) on the
-    meta device, for both families that have it: as above, the only op that may read device data is the packed
+    """The KV-cache path (KVFrame forward over the KV pool, filler columns, the threshold rule) on the meta
+    device, for both families that have it: as above, the only op that may read device data is the packed
     copy of the proposals."""
     engine = request.getfixturevalue(engine_fixture)
     with torch.device("meta"):
@@ -286,10 +288,9 @@ def test_device_side_of_a_cached_step_never_waits_for_the_device(request, engine
     requests = []
     for i, (settings, cached) in enumerate(zip(CACHED_SETTINGS, mid_block)):
         new = engine.new_request(prompt_token_ids=list(range(5, 5 + 3 * i + 2)), params=SamplingParams(**settings))
-        if cached:  # as if the block's first forward had run: the next one reads the cache
+        if cached:  # as if the block's first forward had run: the next one reads the cache (its pool row)
             new.block_step = 1
-            new.kv_cache_tensor = model.new_kv_buffer(1, new.length)[:, :, 0]
-            assert new.kv_cache_tensor.numel() * 4 == model.kv_bytes(new.length)
+            kv_slots(model).acquire(new)
         requests.append(new)
     assert any(r.forward_span() != (0, r.length) for r in requests) == any(mid_block)
     with pytest.raises(NotImplementedError, match="meta") as caught:
@@ -319,17 +320,17 @@ def test_bf16_padded_batch_runs_the_boolean_key_mask_and_matches_fp32():
 # --- torch.compile: opt-in, wired through load_model, from_pretrained and DLLM_COMPILE ------------------
 
 
-def compiled_blocks(model: LLaDAModelLM) -> list[bool]:
-    return [block._compiled_call_impl is not None for block in model.model.transformer.blocks]
+def is_compiled(model: LLaDAModelLM) -> bool:
+    return static_shapes_of(model) is not None
 
 
 def test_compile_is_off_by_default_and_opt_in(monkeypatch):
     monkeypatch.delenv("DLLM_COMPILE", raising=False)
-    assert not any(compiled_blocks(load_model(FIXTURE_DIR, "cpu")))
-    assert all(compiled_blocks(load_model(FIXTURE_DIR, "cpu", compile=True)))  # compiles lazily: no forward run
+    assert not is_compiled(load_model(FIXTURE_DIR, "cpu"))
+    assert is_compiled(load_model(FIXTURE_DIR, "cpu", compile=True))  # compiles lazily: no forward run
     monkeypatch.setenv("DLLM_COMPILE", "1")
-    assert all(compiled_blocks(DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu").model))
-    assert not any(compiled_blocks(load_model(FIXTURE_DIR, "cpu", compile=False)))  # the argument wins
+    assert is_compiled(DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu").model)
+    assert not is_compiled(load_model(FIXTURE_DIR, "cpu", compile=False))  # the argument wins
     monkeypatch.setenv("DLLM_COMPILE", "yes please")
     with pytest.raises(ValueError, match="DLLM_COMPILE"):
         compile_from_env()

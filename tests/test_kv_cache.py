@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine import DiffusionEngine, InvalidParameter, SamplingParams
+from engine.kv_slots import kv_slots
 from engine.sampler import DenoisingRequest
 from tests.fixture_paths import fast_dllm_reference
 
@@ -157,19 +158,31 @@ def test_cache_lives_from_the_first_forward_to_the_end(engine):
     assert set(sizes) == {engine.model.kv_bytes(request.length)}
 
 
-def test_a_cache_taken_from_a_shared_forward_holds_only_its_own_memory(engine):
-    """The KV budget counts each request's `kv_bytes`: a cache taken out of a shared forward must be a copy of the
-    request's own columns, not a view that keeps the whole batch's buffer alive."""
+def test_caches_are_rows_of_one_pool_written_in_place_and_freed_at_the_end(engine):
+    """Every cached request's cache is a row of the model's preallocated pool (engine/kv_slots.py): a shared step
+    neither allocates a buffer nor copies a cache, a request leaving moves the top row into its place intact, and
+    the pool's memory goes back when the last cached request ends."""
     params = SamplingParams(gen_length=32, block_length=8, num_denoising_steps=16, kv_cache="dual")
     lengths = {len(ids) for ids in PROMPTS}
     short, long = (next(ids for ids in PROMPTS if len(ids) == n) for n in (min(lengths), max(lengths)))
-    assert len(short) < len(long)  # rows of different lengths: the shared buffer is wider than the short one
-    together = [engine.new_request(prompt_token_ids=ids, params=params) for ids in (short, long)]
-    alone = engine.new_request(prompt_token_ids=short, params=params)
+    other = next(ids for ids in PROMPTS if ids not in (short, long))
+    together = [engine.new_request(prompt_token_ids=ids, params=params) for ids in (short, long, other)]
     engine.step(together)
-    engine.step([alone])
-    for request in [*together, alone]:
-        assert request.kv_cache_tensor.untyped_storage().nbytes() == engine.model.kv_bytes(request.length)
+    slots = kv_slots(engine.model)
+    pool = slots.pool
+    assert slots.live == 3 and slots.width > max(r.length for r in together)  # room for the filler column
+    for request in together:
+        cache = request.kv_cache_tensor
+        assert cache.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()  # a view, not a copy
+        assert cache.shape[-2] == request.length
+    engine.step(together)
+    assert slots.pool is pool  # the step wrote in place: nothing reallocated
+    top = together[2].kv_cache_tensor.clone()
+    together[0].release()  # the top row moves into the freed one, its cache intact
+    assert slots.row_of(together[2]) == 0 and torch.equal(together[2].kv_cache_tensor, top)
+    while not all(r.finished for r in together[1:]):
+        engine.step([r for r in together[1:] if not r.finished])
+    assert slots.live == 0 and slots.pool is None and slots.pool_bytes() == 0
 
 
 # --- the threshold rule, by hand ----------------------------------------------------------------------

@@ -255,17 +255,7 @@ def test_a_server_started_with_dllm_quantize_reports_it_in_models_and_metrics(tm
         assert "quantized 28 of 28 linear layers in the blocks to int8: their weights 1.6 MiB → 0.8 MiB" in log
 
 
-def test_the_compiled_blocks_run_quantized_weights():
-    """DLLM_COMPILE composes: torch.compile traces through torchao's weight tensors (checked once, on int8)."""
-    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
-    eager = load(FIXTURE_DIR, "int8").model
-    compiled = DiffusionEngine.from_pretrained(
-        FIXTURE_DIR, device="cpu", dtype=torch.bfloat16, quantize="int8", compile=True
-    ).model
-    with torch.inference_mode():
-        expected, got = eager(ids).float(), compiled(ids).float()
-    assert _is_quantized(transformer_blocks(compiled)[0].q_proj.weight)
-    # Compiled bf16 kernels round differently from eager ones: unquantized, compiled vs eager differ by 3.9%
-    # (relative norm) on this fixture with 93.8% of the argmaxes equal; int8 measured 5.7% and 95.8%.
-    assert (expected.argmax(-1) == got.argmax(-1)).float().mean() >= 0.85
-    assert (got - expected).norm() <= 0.10 * expected.norm()
+def test_compiling_quantized_weights_is_refused_before_loading():
+    """torchao's weight tensors make the compiled forward recompile at every step (measured on CPU): refused."""
+    with pytest.raises(ValueError, match="quantized weights"):
+        DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", dtype=torch.bfloat16, quantize="int8", compile=True)

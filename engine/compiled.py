@@ -1,0 +1,108 @@
+"""A compiled forward with static shapes: each step is padded into a bucket so that one graph serves it.
+
+`torch.compile(dynamic=False)` specialises a graph on every input shape. A denoising step's shapes change
+all the time (batch size, canvas and span lengths, the number of masked candidates), so engine/batch.py pads
+each step up to a bucket (`StaticShapes`): batch sizes from a short list (1, 2, 4, 8 by default; padding rows
+are dummies), lengths rounded up (to 32 up to 64, then to 128), the key window to the whole KV pool's width,
+and the candidates per row to a multiple of 32. Padding never reaches a real row: padded positions are
+hidden keys, dummy rows see only themselves, and the logits of padded candidates are dropped after the graph.
+
+On CPU the graph is inductor's (fused C++ kernels); on CUDA it is also captured as a CUDA graph per bucket
+(mode "reduce-overhead"), which is what removes the per-kernel launch cost. The KV pool, which the graph
+writes in place, is marked as a static input so the capture may keep its address.
+
+Compiled graphs land in PyTorch's on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a
+restart re-traces but does not recompile: engine.warm_up logs both times. Quantized (torchao) weights are
+refused: their tensor subclasses recompile at every step until dynamo's limit (measured on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from engine.model import KVFrame, LogitIndex
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+CANDIDATE_QUANTUM = 32
+
+
+def round_up(value: int, quantum: int) -> int:
+    return -(-value // quantum) * quantum
+
+
+def length_bucket(length: int) -> int:
+    """Query and canvas lengths: a multiple of 32 up to 64 (a block's span), of 128 beyond (whole canvases)."""
+    return round_up(length, 32) if length <= 64 else round_up(length, 128)
+
+
+def _forward(model, input_ids, attention_mask, grid, buffer, columns, positions, key_mask):
+    """The graph: a whole forward whose every input has a bucketed shape (`real` is applied outside it)."""
+    # `forward`, not `model(...)`: a module's hooks (a benchmark's timers) would be traced into the graph and
+    # recompile it at every call; the caller times the compiled call instead.
+    if buffer is None:  # the uncached forward, which every family has (Dream's takes no `kv`)
+        return model.forward(input_ids, attention_mask, logit_index=LogitIndex(grid))
+    return model.forward(input_ids, logit_index=LogitIndex(grid), kv=KVFrame(buffer, columns, positions, key_mask))
+
+
+class StaticShapes:
+    """The compiled forward of one model and the buckets its steps are padded into.
+
+    batch_sizes: the batch buckets, ascending; a batch larger than the last runs at its own size (a shape of
+    its own, compiled when first seen). Every shape compiled after `warm_up_done()` counts as a recompile
+    (`recompiles`), the number /metrics exposes: it should stay 0 once warm-up covers the traffic.
+    """
+
+    def __init__(self, model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES):
+        device = next(model.parameters()).device
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        self.on_cuda = device.type == "cuda"
+        self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        self._compiled = torch.compile(_forward, dynamic=False, mode=mode)
+        self.shapes: set[tuple] = set()
+        self.warmed_up = False
+        self.recompiles = 0
+        self._lock = threading.Lock()
+
+    def batch(self, rows: int) -> int:
+        return next((size for size in self.batch_sizes if size >= rows), rows)
+
+    @staticmethod
+    def length(length: int) -> int:
+        return length_bucket(length)
+
+    @staticmethod
+    def candidates(per_row: int, computed: int) -> int:
+        return min(round_up(per_row, CANDIDATE_QUANTUM), computed)
+
+    def __call__(self, model, input_ids, attention_mask, logit_index: LogitIndex, kv: KVFrame | None):
+        """Logits at `logit_index` (its `real` entries only), through the compiled graph."""
+        args = [input_ids, attention_mask, logit_index.columns]
+        args += [None] * 4 if kv is None else [kv.buffer, kv.columns, kv.positions, kv.key_mask]
+        key = tuple(None if a is None else tuple(a.shape) for a in args)
+        with self._lock:
+            if key not in self.shapes:
+                self.shapes.add(key)
+                if self.warmed_up:
+                    self.recompiles += 1
+                    logger.warning("compiling a shape that warm-up did not cover: %s", key)
+        if kv is not None and self.on_cuda:
+            torch._dynamo.mark_static_address(kv.buffer)  # written in place by the captured graph
+        logits = self._compiled(model, *args)
+        return logits if logit_index.real is None else logits[logit_index.real]
+
+
+def static_shapes_of(model) -> StaticShapes | None:
+    """The model's compiled forward, or None when it runs eagerly."""
+    return getattr(model, "_static_shapes", None)
+
+
+def compile_static(model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> StaticShapes:
+    """Give `model` a compiled static-shape forward (engine/batch.py pads its steps for it)."""
+    static = StaticShapes(model, batch_sizes)
+    object.__setattr__(model, "_static_shapes", static)  # a plain attribute, not a submodule
+    return static

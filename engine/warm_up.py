@@ -1,0 +1,115 @@
+"""Startup warm-up: one step of every configured shape bucket before the first request (engine.warm_up).
+
+With the compiled forward (engine/compiled.py) each bucket's graph is compiled the first time a step of that
+shape runs: tens of seconds per shape on a CPU, cold. Warm-up runs those steps at startup, with synthetic
+requests, so that the first real request is not the one that pays; readiness stays false meanwhile.
+PyTorch's on-disk cache keeps the compiled code, so a restart only re-traces.
+
+What a plan covers: for every batch bucket and every cache mode, the block's first forward and (with a cache)
+one cached step, at one prompt length and canvas. A request of another length shares a bucket when its
+lengths round to the same ones (engine/compiled.py's `length_bucket`); one that does not compiles its
+shapes when first seen, and /metrics counts that (dllm_compile_recompiles_total).
+
+Settings (read by `WarmUpPlan.from_env`): DLLM_WARMUP_BATCH_SIZES (comma-separated; default the powers of
+two up to max_batch_size, and max_batch_size), DLLM_WARMUP_KV_CACHE (default "none,dual"),
+DLLM_WARMUP_PROMPT_TOKENS (64), DLLM_WARMUP_GEN_LENGTH (256), DLLM_WARMUP_MAX_LENGTH (the KV pool's reserved
+canvas; default the model's maximum sequence length, at most 1024).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.compiled import static_shapes_of
+from engine.errors import InvalidParameter
+from engine.kv_slots import kv_slots
+from engine.params import SamplingParams
+
+WARM_UP_BLOCK = 32
+MAX_RESERVED_LENGTH = 1024
+
+
+def default_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    sizes = {1 << k for k in range(max_batch_size.bit_length()) if 1 << k <= max_batch_size}
+    return tuple(sorted(sizes | {max_batch_size}))
+
+
+@dataclass(frozen=True)
+class WarmUpPlan:
+    batch_sizes: tuple[int, ...] | None = None  # None: default_batch_sizes(max_batch_size)
+    kv_cache: tuple[str, ...] = ("none", "dual")
+    prompt_tokens: int = 64
+    gen_length: int = 256
+    max_length: int | None = None  # None: min(model's maximum sequence length, MAX_RESERVED_LENGTH)
+
+    ENV_VARS = {
+        "batch_sizes": "DLLM_WARMUP_BATCH_SIZES",
+        "kv_cache": "DLLM_WARMUP_KV_CACHE",
+        "prompt_tokens": "DLLM_WARMUP_PROMPT_TOKENS",
+        "gen_length": "DLLM_WARMUP_GEN_LENGTH",
+        "max_length": "DLLM_WARMUP_MAX_LENGTH",
+    }
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "gen_length", "max_length"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"WarmUpPlan.{name} must be a positive integer, got {value!r}")
+        if self.batch_sizes is not None and not all(isinstance(b, int) and b >= 1 for b in self.batch_sizes):
+            raise ValueError(f"WarmUpPlan.batch_sizes must be positive integers, got {self.batch_sizes!r}")
+        if not set(self.kv_cache) <= {"none", "prefix", "dual"}:
+            raise ValueError(f"WarmUpPlan.kv_cache must name none, prefix or dual, got {self.kv_cache!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WarmUpPlan:
+        environ = os.environ if environ is None else environ
+        values: dict = {}
+        for name, var in cls.ENV_VARS.items():
+            raw = environ.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                if name == "kv_cache":
+                    values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+                elif name == "batch_sizes":
+                    values[name] = tuple(int(part) for part in raw.split(",") if part.strip())
+                else:
+                    values[name] = int(raw)
+                cls(**{name: values[name]})
+            except ValueError as error:
+                raise ValueError(f"{var}={raw!r}: {error}") from None
+        return cls(**values)
+
+
+def run_warm_up(engine, plan: WarmUpPlan) -> None:
+    """Step synthetic requests through each bucket (on the caller's thread: call it before serving)."""
+    batch_sizes = plan.batch_sizes or default_batch_sizes(engine.scheduler_config.max_batch_size)
+    static = static_shapes_of(engine.model)
+    limit = engine.max_sequence_length
+    if static is not None:
+        static.batch_sizes = tuple(sorted(set(batch_sizes)))
+        reserved = min(plan.max_length or min(limit, MAX_RESERVED_LENGTH), limit)
+        kv_slots(engine.model).reserve(max(batch_sizes), reserved + 1)
+    gen = min(plan.gen_length, limit - 1)
+    prompt = engine.tokenizer.encode_prompt("warm up " * plan.prompt_tokens)[: min(plan.prompt_tokens, limit - gen)]
+    for size in sorted(set(batch_sizes)):
+        for mode in plan.kv_cache:
+            params = SamplingParams(
+                gen_length=gen,
+                block_length=min(WARM_UP_BLOCK, gen),
+                num_denoising_steps=gen,
+                kv_cache=mode,
+                early_exit=False,
+            )
+            try:
+                requests = [engine.new_request(prompt_token_ids=prompt, params=params) for _ in range(size)]
+            except InvalidParameter:  # a mode this family refuses (or a plan too large for its budget)
+                continue
+            try:
+                for _ in range(1 if mode == "none" else 2):  # the block's first forward, then a cached one
+                    engine.step(requests)
+            finally:
+                for request in requests:
+                    request.release()

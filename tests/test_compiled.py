@@ -1,0 +1,94 @@
+"""The compiled static-shape forward (engine/compiled.py), its warm-up (engine/warm_up.py) and their settings.
+
+Compiling takes tens of seconds per shape on a CPU, so only the test marked slow compiles; the fast ones run
+the same bucketing and warm-up code eagerly, or check what is refused before anything compiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import DiffusionEngine, SamplingParams, SchedulerConfig
+from engine.compiled import StaticShapes, length_bucket
+from engine.kv_slots import kv_slots
+from engine.warm_up import WarmUpPlan, default_batch_sizes
+from server.engine_setup import check_engine_configuration
+from tests.fixture_paths import FIXTURE_DIR
+
+PROMPTS = [list(range(5, 13)), list(range(20, 31))]
+TINY_PLAN = WarmUpPlan(batch_sizes=(1, 2), kv_cache=("none", "dual"), prompt_tokens=8, gen_length=16)
+
+
+def test_lengths_round_up_to_few_buckets():
+    assert [length_bucket(n) for n in (1, 32, 33, 64, 65, 128, 129, 300)] == [32, 32, 64, 64, 128, 128, 256, 384]
+    assert default_batch_sizes(8) == (1, 2, 4, 8) and default_batch_sizes(6) == (1, 2, 4, 6)
+
+
+def test_a_batch_runs_in_the_smallest_bucket_that_holds_it():
+    static = StaticShapes.__new__(StaticShapes)  # the bucket rule alone: nothing compiled
+    static.batch_sizes = (1, 2, 4, 8)
+    assert [static.batch(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]  # past the last: its own size
+    assert StaticShapes.candidates(3, 32) == 32 and StaticShapes.candidates(40, 384) == 64
+
+
+def test_warm_up_settings_are_read_and_checked():
+    plan = WarmUpPlan.from_env({"DLLM_WARMUP_BATCH_SIZES": "1, 4", "DLLM_WARMUP_KV_CACHE": "dual"})
+    assert plan.batch_sizes == (1, 4) and plan.kv_cache == ("dual",) and plan.gen_length == 256
+    for var, raw in (("DLLM_WARMUP_KV_CACHE", "dual,fast"), ("DLLM_WARMUP_GEN_LENGTH", "0"),
+                     ("DLLM_WARMUP_BATCH_SIZES", "1,x")):  # fmt: skip
+        with pytest.raises(ValueError, match=var):
+            WarmUpPlan.from_env({var: raw})
+
+
+def test_compile_with_quantized_weights_is_refused_at_configuration_check(monkeypatch):
+    monkeypatch.setenv("DLLM_MODEL", str(FIXTURE_DIR))
+    monkeypatch.setenv("DLLM_COMPILE", "1")
+    monkeypatch.setenv("DLLM_QUANTIZE", "int8")
+    with pytest.raises(ValueError, match="DLLM_COMPILE=1 with DLLM_QUANTIZE"):
+        check_engine_configuration()
+
+
+def test_eager_warm_up_steps_every_bucket_reports_its_time_and_leaves_nothing_behind():
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    seen = []
+    real_step = engine.step
+
+    def step(requests):
+        assert not engine.ready  # readiness is false for the whole warm-up
+        seen.append((len(requests), requests[0].params.kv_cache, requests[0].block_step))
+        return real_step(requests)
+
+    engine.step = step
+    seconds = engine.warm_up(TINY_PLAN)
+    assert engine.ready and seconds > 0
+    assert engine.stats.snapshot()["dllm_warm_up_seconds"] == round(seconds, 3)
+    # Every bucket: the first forward, and with a cache one cached step after it.
+    assert seen == [(1, "none", 0), (1, "dual", 0), (1, "dual", 1), (2, "none", 0), (2, "dual", 0), (2, "dual", 1)]
+    assert kv_slots(engine.model).live == 0 and kv_slots(engine.model).pool is None  # eager: nothing reserved
+    assert engine.stats.snapshot()["dllm_compiled_shapes"] == 0
+
+
+@pytest.mark.slow
+def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes():
+    """Temperature 0, alone and batched, every cache mode: the compiled engine commits the eager engine's tokens;
+    after a warm-up of the same shapes, serving compiles nothing new."""
+    config = SchedulerConfig(max_batch_size=2)
+    eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False, scheduler_config=config)
+    compiled = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=True, scheduler_config=config)
+    assert compiled.compiled and not eager.compiled
+    compiled.warm_up(TINY_PLAN)
+    shapes = compiled.stats.snapshot()["dllm_compiled_shapes"]
+    assert shapes >= 4
+    for mode in ("none", "dual"):
+        params = SamplingParams(gen_length=16, block_length=8, num_denoising_steps=16, kv_cache=mode)
+        for prompt in PROMPTS:
+            alone = [engine.generate(prompt_token_ids=prompt, params=params) for engine in (eager, compiled)]
+            assert alone[0].canvas_ids == alone[1].canvas_ids
+        batches = [[e.new_request(prompt_token_ids=p, params=params) for p in PROMPTS] for e in (eager, compiled)]
+        for engine, requests in zip((eager, compiled), batches):
+            while not all(r.finished for r in requests):
+                engine.step([r for r in requests if not r.finished])
+        assert [r.result.canvas_ids for r in batches[0]] == [r.result.canvas_ids for r in batches[1]]
+    assert compiled.stats.snapshot()["dllm_compile_recompiles_total"] == 0
+    eager.shutdown()
+    compiled.shutdown()
