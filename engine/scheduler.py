@@ -127,7 +127,7 @@ class SchedulerConfig:
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
-            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else _ascii_int
+            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else ascii_int
             try:
                 if not raw.isascii():  # float and int read other scripts' digits too ("٣" is 3)
                     raise ValueError(f"must be written with ASCII digits, got {raw!r}")
@@ -140,14 +140,15 @@ class SchedulerConfig:
         return cls(**values)
 
 
-def _ascii_int(raw: str) -> int:
+def ascii_int(raw: str) -> int:
+    """An integer setting in ASCII digits only (`int` would also read "٣" or "1_000")."""
     if not (raw.isascii() and raw.lstrip("-").isdigit()):
         raise ValueError(raw)
     return int(raw)
 
 
 def _mebibytes(raw: str) -> int:
-    return _ascii_int(raw) * 2**20
+    return ascii_int(raw) * 2**20
 
 
 class StepsRequests(Protocol):

@@ -26,6 +26,7 @@ from engine.compiled import static_shapes_of
 from engine.errors import InvalidParameter
 from engine.kv_slots import kv_slots
 from engine.params import SamplingParams
+from engine.scheduler import ascii_int
 
 WARM_UP_BLOCK = 32
 MAX_RESERVED_LENGTH = 1024
@@ -74,9 +75,9 @@ class WarmUpPlan:
                 if name == "kv_cache":
                     values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
                 elif name == "batch_sizes":
-                    values[name] = tuple(int(part) for part in raw.split(",") if part.strip())
+                    values[name] = tuple(ascii_int(part.strip()) for part in raw.split(",") if part.strip())
                 else:
-                    values[name] = int(raw)
+                    values[name] = ascii_int(raw)
                 cls(**{name: values[name]})
             except ValueError as error:
                 raise ValueError(f"{var}={raw!r}: {error}") from None

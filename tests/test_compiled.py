@@ -35,7 +35,7 @@ def test_warm_up_settings_are_read_and_checked():
     plan = WarmUpPlan.from_env({"DLLM_WARMUP_BATCH_SIZES": "1, 4", "DLLM_WARMUP_KV_CACHE": "dual"})
     assert plan.batch_sizes == (1, 4) and plan.kv_cache == ("dual",) and plan.gen_length == 256
     for var, raw in (("DLLM_WARMUP_KV_CACHE", "dual,fast"), ("DLLM_WARMUP_GEN_LENGTH", "0"),
-                     ("DLLM_WARMUP_BATCH_SIZES", "1,x")):  # fmt: skip
+                     ("DLLM_WARMUP_BATCH_SIZES", "1,x"), ("DLLM_WARMUP_GEN_LENGTH", "٣٢")):  # fmt: skip
         with pytest.raises(ValueError, match=var):
             WarmUpPlan.from_env({var: raw})
 
