@@ -21,8 +21,8 @@ import torch
 from engine import DiffusionEngine, InvalidParameter, SamplingParams, SchedulerConfig
 from engine.dream_cache import DreamCachedRequest, cached_block_quotas
 from engine.kv_slots import kv_slots
-from engine.sampler import DenoisingRequest
 from tests.fixture_paths import REPO_ROOT, dream_reference, fast_dllm_dream_reference
+from tests.test_kv_cache import run_together  # one step-by-step batching driver for both families
 
 MASK = 679
 IN_SCOPE = {"quota", "threshold", "quota_one_step_per_block", "threshold_single_block"}
@@ -159,18 +159,6 @@ OTHERS = [
 def other_requests() -> list[tuple[list[int], SamplingParams]]:
     prompts = [p["prompt_ids"] for p in dream_reference()["prompts"]]
     return [(prompts[i % len(prompts)], SamplingParams(early_exit=False, **kw)) for i, kw in enumerate(OTHERS)]
-
-
-def run_together(engine: DiffusionEngine, requests: list[DenoisingRequest]) -> None:
-    """Step the requests in shared forwards, one more joining at each step, each leaving when it finishes:
-    the batch's width and every row's padding change from step to step."""
-    waiting, active = list(requests), []
-    while waiting or active:
-        if waiting:
-            active.append(waiting.pop(0))
-        for event in engine.step(active):
-            assert not isinstance(event, Exception), event
-        active = [request for request in active if not request.finished]
 
 
 @pytest.mark.parametrize("order", ["as_listed", "reversed"])
