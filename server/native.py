@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -42,7 +42,7 @@ from api.errors import (
     stopped_engine_error,
 )
 from api.middleware import RequestContextMiddleware
-from api.streaming import until_disconnect
+from api.streaming import last_result, until_disconnect
 from schemas.chat import ChatCompletionRequest, parse_chat_request
 from schemas.errors import APIError
 from schemas.knobs import native_argument
@@ -131,20 +131,10 @@ async def text_events(
         await events.aclose()  # a client that leaves frees the batch slot at the next step
 
 
-async def final_text(events: AsyncIterator[StepEvent]) -> str:
-    try:
-        async for event in events:
-            if event.finished:
-                assert event.result is not None  # set on every finished event
-                return event.result.text
-    except Exception as error:
-        stopped = stopped_engine_error(error)
-        if stopped is None:
-            raise
-        raise stopped from None
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-    raise RuntimeError("the sampler stopped without finishing")  # unreachable: every canvas fills up
+async def final_text(events: AsyncGenerator[StepEvent, None]) -> str:
+    """The answer's text, which the request's last event carries (`text_events` has already turned a refusal
+    before the first event into an `APIError`)."""
+    return (await last_result(events, await anext(events))).text
 
 
 async def generate_text(
