@@ -27,9 +27,12 @@ token in the answer ends generation. The stop tokens are the tokenizer's (EOS an
 code looks for EOS alone, and from position 0 (the prompt included), where this looks in the answer only.
 
 The exact KV cache: attention is block-causal, so the keys and values of the prompt and of finished blocks never
-change. A request owns a cache of its whole canvas (`kv_cache_tensor`, `kv_cache_bytes` in size); each forward
-computes only [first uncached block, current block end) (`forward_span`): the current block, plus, at a block's
-first forward, the block that has just been finished (its keys are taken with its final tokens then).
+change. A request's cache is a row of the model's preallocated KV pool (engine/kv_slots.py, the same pool the
+approximate caches of LLaDA and Dream use), taken at its first forward and given back by `release` when it ends
+or is cancelled; `kv_cache_tensor` is the row's first `canvas_length` columns (`kv_cache_bytes` in size), and
+column c holds canvas position c. Each forward computes only [first uncached block, current block end)
+(`forward_span`): the current block, plus, at a block's first forward, the block that has just been finished
+(its keys are taken with its final tokens then), and writes their keys and values into the row in place.
 
 Streaming: the text of a position is final once it can no longer change. Without editing that is when it is
 committed (the committed prefix is streamed, as for the other families); with editing a written token can still
@@ -78,7 +81,7 @@ class BlockDiffusionRequest:
         self.post_steps = 0  # 2.1: forwards of the current block that began with no mask
         if not self.editing:
             self.quotas = uniform_quotas(block, params.steps_per_block)
-        self.cached_until = 0  # canvas positions [0, cached_until) have final keys in kv_cache_tensor
+        self.cached_until = 0  # canvas positions [0, cached_until) have final keys in the request's pool row
         # From here on the same state as DenoisingRequest's, under the same names: the scheduler, the batch step and
         # the stats read both kinds alike. Written out twice on purpose: a shared base class would hold only these
         # assignments and hide which state each sampler owns.
@@ -92,9 +95,9 @@ class BlockDiffusionRequest:
         self.generator = None
         if params.temperature > 0:
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
-        # Keys and values of the whole canvas, [n_layers, 2, n_kv_heads, canvas_length, head_dim]; allocated by
-        # the first forward (engine/block_step.py), `kv_cache_bytes` in size, dropped when the request ends.
-        self.kv_cache_tensor: torch.Tensor | None = None
+        # The row of the model's KV pool (engine/kv_slots.py) that holds this request's keys and values from its
+        # first forward to its end; engine/block_step.py takes it and writes it. None: no forward yet, or ended.
+        self.kv_slot = None
         self.kv_cache_bytes = kv_cache_bytes
 
     # --- what the scheduler and the batch step read ---------------------------------------------------------
@@ -132,9 +135,16 @@ class BlockDiffusionRequest:
             return list(range(start, end))
         return [o for o in range(start, end) if self.generated[o] == self.mask_id]
 
+    @property
+    def kv_cache_tensor(self) -> torch.Tensor | None:
+        """Keys and values of the whole canvas, [n_layers, 2, n_kv_heads, canvas_length, head_dim],
+        `kv_cache_bytes` in size: a view of the request's row of the pool (None before its first forward)."""
+        return None if self.kv_slot is None else self.kv_slot.view(self)
+
     def release(self) -> None:
-        """Free the KV cache; called when the request ends or is cancelled."""
-        self.kv_cache_tensor = None
+        """Give the request's pool row back; called when it ends or is cancelled."""
+        if self.kv_slot is not None:
+            self.kv_slot.release(self)
 
     # --- the step: propose on the device, commit on the host ------------------------------------------------
 

@@ -1,17 +1,23 @@
 """One denoising step for a batch of block-diffusion requests (LLaDA2): one forward over their spans, exact cache.
 
 Each request computes only its `forward_span()` (the current block, plus the block just finished at a block's
-first forward); every earlier position's keys and values come from the request's own cache. Positions are the
-canvas positions themselves: the frame's column c holds position c of every row, so nothing is shifted by
-padding and a cached key is valid at every step.
+first forward); every earlier position's keys and values come from its cache. The caches are rows of the
+model's preallocated KV pool (engine/kv_slots.py, shared with the approximate caches' code): a request takes a
+row at its first forward and gives it back when it ends or is cancelled. Column c of a row holds canvas
+position c, so positions are the canvas positions themselves and a cached key is valid at every step.
 
-- A lone request runs against its own cache: the frame's buffer is a view of it (the first `end` columns), the
-  fresh keys and values are written into it in place, and no cache is copied.
-- Several requests share one forward: a zeroed buffer as wide as the widest row holds each row's cached
-  columns, the forward writes the fresh ones, and each row's fresh span is copied back to its cache. Rows
-  with shorter spans fill up with entries aimed at one extra column that no query sees. The attention mask
-  (`visible`) is block-causal per row (its own block length) and hides every column at or past the row's end,
-  so padding never changes a real row's keys, queries or logits.
+The forward's `BlockKVFrame` is the pool itself, narrowed to the rows from the lowest to the highest that the
+batch occupies and to the first K key columns (K = the furthest span end). The forward writes the fresh keys
+and values into the rows in place: no cache is copied in or out and no buffer is allocated per step, for a
+lone request (batch 1) as for a batch.
+
+- A row with a shorter span fills up with entries aimed at the pool's last column (past every canvas, and
+  outside the K columns attention reads), so filler never lands on a real key and no query ever sees it.
+- A live row between the batch's rows that is not stepped now (the batching policy left it out) runs as a
+  dummy: all its entries write that same last column and see only its column 0, so it changes nothing.
+- The attention mask (`visible`) is block-causal per row (its own block length) and hides every column at or
+  past the row's span end (the pool is wider than a row, and its later columns hold nothing of this row
+  yet), so padding never changes a real row's keys, queries or logits.
 
 The host waits on the device once per step for the sampler, when the proposals of all rows come back in one
 small tensor (the MoE layers also read their per-expert token counts: engine/llada2.py).
@@ -25,6 +31,7 @@ import torch
 
 from engine.batch import _candidate_grid, _to_device, propose_and_commit
 from engine.block_sampler import BlockDiffusionRequest
+from engine.kv_slots import kv_slots
 from engine.llada2 import BlockKVFrame, LLaDA2MoeModelLM
 from engine.model import LogitIndex
 from engine.sampler import StepEvent
@@ -36,51 +43,59 @@ def block_denoise_step(
 ) -> list[StepEvent | Exception]:
     """Advance every request by one forward. A request whose sampler step raises gets its exception back in its
     slot; a failing forward raises (it concerns the whole batch)."""
+    slots = kv_slots(model)
+    for request in requests:
+        if request.kv_slot is None:  # its first forward: it keeps this row until it ends
+            slots.acquire(request)
+    pool_rows = [slots.row_of(request) for request in requests]
+    first_row = min(pool_rows)
+    batch = max(pool_rows) - first_row + 1
+    frame_rows: list[int | None] = [None] * batch  # the index in `requests` of each frame row; None: not stepped
+    for i, row in enumerate(pool_rows):
+        frame_rows[row - first_row] = i
     spans = [r.forward_span() for r in requests]
     offsets = [r.candidate_offsets() for r in requests]
-    for request in requests:
-        if request.kv_cache_tensor is None:
-            request.kv_cache_tensor = model.new_kv_buffer(1, request.length)[:, :, 0]
-    batch = len(requests)
     computed = max(end - start for start, end in spans)
-    ragged = any(end - start != computed for start, end in spans)
-    width = max(end for _, end in spans) + ragged  # the filler column is the last one
-    filler = width - 1
+    key_width = max(end for _, end in spans)
+    filler = slots.width - 1  # past every canvas and outside the key window: written, never read
 
-    # Host side, one list: ids, buffer columns (= canvas positions), visibility limits, candidate grid.
+    # Host side, one list: ids, pool columns (= canvas positions), visibility limits, candidate grid.
     ids, columns, limits, candidates = [], [], [], []
     needs_mask = batch > 1
-    for request, (start, end), row_offsets in zip(requests, spans, offsets):
+    for i in frame_rows:
+        if i is None:  # a dummy: writes only the filler column, sees only its own column 0
+            ids += [pad_id] * computed
+            columns += [filler] * computed
+            limits += [1] * computed
+            candidates.append([0])
+            continue
+        request, (start, end) = requests[i], spans[i]
         block, fill = request.params.block_length, computed - (end - start)
         ids += request.canvas_slice(start, end) + [pad_id] * fill
         columns += list(range(start, end)) + [filler] * fill
-        # A query sees the keys of its block and the earlier ones: columns below its block's end.
+        # A query sees the keys of its block and the earlier ones: columns below its block's end, never past the
+        # row's span (the pool's later columns hold another request's old keys, or nothing yet).
         limits += [(position // block + 1) * block for position in range(start, end)] + [1] * fill
         needs_mask |= end - start > block  # a finished block in the span must not see the current one
-        candidates.append([request.prompt_length + offset - start for offset in row_offsets])
-    grid, real, per_row = _candidate_grid(candidates)
+        candidates.append([request.prompt_length + offset - start for offset in offsets[i]])
+    grid, _, per_row = _candidate_grid(candidates)
+    real = [  # the stepped requests' candidates, in the requests' order
+        (row - first_row) * per_row + k for row, row_offsets in zip(pool_rows, offsets) for k in range(len(row_offsets))
+    ]
+    if real == list(range(batch * per_row)):
+        real = []  # every grid entry is one, already in order
     sections = [ids, columns, limits, grid, real]
     on_device = _to_device(list(chain(*sections)), device).split([len(s) for s in sections])
     input_ids, column_t, limit_t, grid_t, real_t = on_device
     input_ids, column_t = input_ids.view(batch, computed), column_t.view(batch, computed)
 
-    if batch == 1:
-        start, end = spans[0]
-        buffer = requests[0].kv_cache_tensor[:, :, None, :, :end]  # a view: the forward writes the cache itself
-    else:
-        buffer = model.new_kv_buffer(batch, width)
-        for row, (request, (start, _)) in enumerate(zip(requests, spans)):
-            buffer[:, :, row, :, :start] = request.kv_cache_tensor[:, :, :, :start]
     visible = None
     if needs_mask:
-        key_columns = torch.arange(buffer.shape[-2], device=device)
+        key_columns = torch.arange(key_width, device=device)
         visible = (key_columns[None, None, :] < limit_t.view(batch, computed)[:, :, None])[:, None]
-    frame = BlockKVFrame(buffer, column_t, column_t, visible)
+    frame = BlockKVFrame(slots.pool, column_t, column_t, visible, key_width=key_width, first_row=first_row)
     index = LogitIndex(grid_t.view(batch, per_row), real_t if real else None)
     logits = model(input_ids, kv=frame, logit_index=index)
-    if batch > 1:
-        for row, (request, (start, end)) in enumerate(zip(requests, spans)):
-            request.kv_cache_tensor[:, :, :, start:end] = buffer[:, :, row, :, start:end]
     current = input_ids.gather(1, index.columns).flatten()
     if index.real is not None:
         current = current[index.real]

@@ -1,21 +1,24 @@
 """Preallocated KV-cache slots: one pool tensor whose rows are the cached requests' caches, written in place.
 
-The pool is [n_layers, 2, rows, n_kv_heads, width, head_dim] (keys after RoPE, and values). A request that
-uses the approximate KV cache (kv_cache "prefix" or "dual") takes a row at its first cached forward and gives
-it back when it ends; the row's column c holds canvas position c of that request (no left padding), so a
-cached key is valid wherever the request sits in a batch.
+The pool is [n_layers, 2, rows, n_kv_heads, width, head_dim] (keys after RoPE, and values). One implementation
+serves every cache: a request that uses the approximate KV cache of LLaDA or Dream (kv_cache "prefix" or
+"dual", engine/batch.py) or the exact block cache of LLaDA2 (engine/block_step.py) takes a row at its first
+cached forward and gives it back when it ends or is cancelled; the row's column c holds canvas position c of
+that request (no left padding), so a cached key is valid wherever the request sits in a batch. A model holds
+one family, so one pool holds one kind of cache.
 
-Why one pool instead of one tensor per request: a step's forward reads and writes the pool itself
-(`KVFrame` over its first rows), so a batched step copies no request's cache into a batch buffer, and no
-buffer is allocated or zero-filled per step. The pool only grows at admission (more rows or more columns,
-rounded up, the live rows copied once) and is freed when the last cached request leaves — unless a warm-up
-reserved its size, so that the compiled graphs, which are specialised on the pool's shape, stay valid.
+Why one pool instead of one tensor per request: a step's forward reads and writes the pool itself (`KVFrame`,
+or LLaDA2's `BlockKVFrame`, over the rows the batch occupies), so a batched step copies no request's cache
+into a batch buffer, and no buffer is allocated or zero-filled per step. The pool only grows at admission
+(more rows or more columns, rounded up, the live rows copied once) and is freed when the last cached request
+leaves — unless a warm-up reserved its size, so that the compiled graphs, which are specialised on the
+pool's shape, stay valid.
 
 Rows are kept compact: when a request leaves, the request in the highest row moves into its row (one copy
 of one cache, at release, never per step), so the live rows are always rows [0, live) and a step's frame is
-the pool's first rows. Unused columns and rows hold finite values (the pool starts zeroed, then only
-finite keys are written), which matters because attention reads them before its mask drops them: a NaN
-would survive the mask.
+a run of them (a live row inside the run that the step leaves out runs as a dummy that changes nothing).
+Unused columns and rows hold finite values (the pool starts zeroed, then only finite keys are written),
+which matters because attention reads them before its mask drops them: a NaN would survive the mask.
 
 One column beyond every live request's canvas is always there (`width` ≥ longest canvas + 1): it is the
 filler column that shorter rows aim their spare entries at; no real query ever sees it.
@@ -118,11 +121,16 @@ def kv_slots(model) -> KVSlots:
     """The model's pool, created on first use (on the model's device, in its dtype)."""
     slots = getattr(model, "_kv_slots", None)
     if slots is None:
-        inner = model.model
-        embedding = inner.transformer.wte if hasattr(inner, "transformer") else inner.embed_tokens  # LLaDA / Dream
-        c, weight = model.config, embedding.weight  # never quantized: the cache's dtype
-        layers = getattr(c, "n_layers", None) or c.num_hidden_layers  # LLaDA's names, or Qwen2's (Dream)
+        c, weight = model.config, _embedding(model.model).weight  # never quantized: the cache's dtype
+        layers = getattr(c, "n_layers", None) or c.num_hidden_layers  # LLaDA's names, or HF's (Dream, LLaDA2)
         kv_heads = getattr(c, "n_kv_heads", None) or c.num_key_value_heads
         slots = KVSlots(layers, kv_heads, c.head_dim, weight.dtype, weight.device)
         object.__setattr__(model, "_kv_slots", slots)  # plain attribute, not a submodule or buffer
     return slots
+
+
+def _embedding(inner) -> torch.nn.Embedding:
+    """The token embedding of a model's trunk, under each family's checkpoint name."""
+    if hasattr(inner, "transformer"):
+        return inner.transformer.wte  # LLaDA
+    return inner.embed_tokens if hasattr(inner, "embed_tokens") else inner.word_embeddings  # Dream / LLaDA2

@@ -12,7 +12,7 @@ section 4):
 
 Attention is block-causal (a query sees the keys of its own block and of earlier ones), so the keys and
 values of the prompt and of every finished block never change: the forward takes a `BlockKVFrame` that
-holds them and computes only the positions it is given (engine/block_sampler.py, engine/batch.py).
+holds them and computes only the positions it is given (engine/block_sampler.py, engine/block_step.py).
 """
 
 from __future__ import annotations
@@ -40,20 +40,26 @@ def apply_partial_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 class BlockKVFrame:
     """Keys and values for a forward that computes only some positions of each row (the exact block cache).
 
-    buffer: [n_layers, 2, B, n_kv_heads, K, head_dim]: keys (after norm and RoPE) and values by canvas
-        position. The caller fills the positions the forward does not compute (from each request's cache);
-        the forward writes the fresh ones into it at `columns`, in place, then attends over all K columns.
+    buffer: [n_layers, 2, R, n_kv_heads, W, head_dim]: keys (after norm and RoPE) and values by canvas
+        position. In serving it is the model's preallocated KV pool (engine/kv_slots.py), each request's row its
+        cache; the frame is rows [first_row, first_row + B) of it. The positions the forward does not compute
+        are already there; the forward writes the fresh ones at `columns`, in place, then attends over the
+        first K columns (`key_width`).
     columns: [B, A] the buffer column of each entry of `input_ids` (its canvas position; filler entries of a
-        shorter row point at a column no query can see).
-    positions: [B, A] the rotary position of each entry (its canvas position; any valid one for filler).
+        shorter row, and every entry of a dummy row, point at a column past K that attention never reads).
+    positions: [B, A] the rotary position of each entry (its canvas position; any one below W for filler).
     visible: [B, 1, A, K] which keys each entry may attend to (block-causal, the row's own length); None when
-        every entry sees every column.
+        every entry sees all K columns.
+    key_width: K; None → the buffer's whole width W.
+    first_row: the buffer row of batch row 0.
     """
 
     buffer: torch.Tensor
     columns: torch.Tensor
     positions: torch.Tensor
     visible: torch.Tensor | None = None
+    key_width: int | None = None
+    first_row: int = 0
 
 
 class LLaDA2MoeMLP(nn.Module):
@@ -138,11 +144,11 @@ class LLaDA2MoeAttention(nn.Module):
         self.key_layernorm = RMSNorm(hd, config.rms_norm_eps)
         self.dense = nn.Linear(self.n_heads * hd, d, bias=False)
 
-    def forward(self, x, cos, sin, mask, kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, kv: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
         """x: [B, A, d]; cos/sin: [B, 1, A, rotary_dim]; mask: SDPA's attn_mask (bool or additive) or None.
 
-        kv: (this layer's frame buffer [2, B, n_kv_heads, K, head_dim], the write index): the fresh keys and
-        values are stored into the buffer and attention reads every column of it.
+        kv: (this layer's rows of the frame buffer [2, B, n_kv_heads, W, head_dim], the write index, K): the fresh
+        keys and values are stored into the buffer, in place, and attention reads its first K columns.
         """
         batch, length, _ = x.shape
         qkv = self.query_key_value(x).view(batch, length, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
@@ -150,11 +156,11 @@ class LLaDA2MoeAttention(nn.Module):
         q = apply_partial_rope(self.query_layernorm(q), cos, sin)
         k = apply_partial_rope(self.key_layernorm(k), cos, sin)
         if kv is not None:
-            buffer, index = kv
+            buffer, index, key_width = kv
             keys, values = buffer[0], buffer[1]
             keys.scatter_(2, index, k)
             values.scatter_(2, index, v.contiguous())
-            k, v = keys, values
+            k, v = keys[:, :, :key_width], values[:, :, :key_width]
         attn = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
         )
@@ -220,7 +226,9 @@ class LLaDA2MoeModelLM(nn.Module):
         if kv is not None:
             positions, mask = kv.positions, kv.visible
             index = kv.columns[:, None, :, None].expand(-1, self.config.num_key_value_heads, -1, self.config.head_dim)
-            layer_kv = [(layer_buffer, index) for layer_buffer in kv.buffer]
+            rows = slice(kv.first_row, kv.first_row + input_ids.shape[0])
+            key_width = kv.key_width or kv.buffer.shape[-2]
+            layer_kv = [(layer_buffer[:, rows], index, key_width) for layer_buffer in kv.buffer]
             bound = int(kv.buffer.shape[-2])  # positions are canvas columns of the buffer
         else:
             positions = position_ids if position_ids is not None else torch.arange(input_ids.shape[1], device=device)
@@ -256,8 +264,9 @@ class LLaDA2MoeModelLM(nn.Module):
         return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * positions * element
 
     def new_kv_buffer(self, rows: int, columns: int) -> torch.Tensor:
-        """A zeroed frame buffer [n_layers, 2, rows, n_kv_heads, columns, head_dim]. Zeros, not garbage: hidden
-        columns are still read by attention, and a NaN there would survive the mask."""
+        """A zeroed standalone frame buffer [n_layers, 2, rows, n_kv_heads, columns, head_dim], for a cached forward
+        outside the engine (the engine's requests use the model's KV pool, engine/kv_slots.py). Zeros, not
+        garbage: hidden columns are still read by attention, and a NaN there would survive the mask."""
         c, weight = self.config, self.model.word_embeddings.weight
         shape = (c.num_hidden_layers, 2, rows, c.num_key_value_heads, columns, c.head_dim)
         return torch.zeros(shape, dtype=weight.dtype, device=weight.device)

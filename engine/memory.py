@@ -3,7 +3,8 @@ hold together, the longest prompt, and the positions one forward computes.
 
 A cached request keeps its canvas's keys and values from each block's first forward to the end of the block:
 n_layers × 2 × n_kv_heads × head_dim × (prompt + canvas) elements — for LLaDA-8B in bfloat16, 32 × 2 × 4096 ×
-2 bytes = 0.5 MiB per position, 160 MiB for a 64-token prompt and a 256-token canvas. The caches live in one
+2 bytes = 0.5 MiB per position, 160 MiB for a 64-token prompt and a 256-token canvas (LLaDA2's exact block cache
+is sized the same way on its block-rounded canvas, and kept for the request's whole life). The caches live in one
 preallocated pool (engine/kv_slots.py) whose rows are as wide as the longest live canvas (rounded up to 64
 columns, plus one) and whose row count is rounded up to a power of two, so the pool can hold more than the
 sum of the reservations: the defaults leave that headroom. No step copies a cache.

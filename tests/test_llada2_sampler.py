@@ -8,6 +8,7 @@ import torch
 
 from engine import InvalidParameter, SamplingParams, SchedulerConfig
 from engine.block_sampler import BlockDiffusionRequest
+from engine.kv_slots import kv_slots
 from tests.fixture_paths import llada2_cases
 from tests.llada2_engine import EOS, MASK, TokenIdText
 from tests.llada2_engine import llada2_engine as build_engine
@@ -136,6 +137,48 @@ def test_each_forward_computes_only_the_uncached_blocks(llada2_engine):
     assert all(end - start in (8, 16) for start, end in spans[1:])
     assert block_firsts == {(480, 496), (488, 504), (496, 512)}
     assert r.kv_cache_tensor is None  # released at the end
+
+
+def step_all(engine, requests):
+    for event in engine.step(requests):
+        assert not isinstance(event, Exception)
+
+
+def test_block_caches_are_rows_of_the_models_one_pool_written_in_place(llada2_engine):
+    """Concurrent block requests keep their caches in the model's preallocated KV pool (engine/kv_slots.py): a
+    shared step allocates nothing and copies no cache, a live row that is not stepped is left intact, a
+    cancelled request's row is reused by the top one, and every request's output equals its solo run."""
+    # One token per forward and at least 4 masks in each first block: no request ends within the first 3 steps.
+    params = SamplingParams(gen_length=32, block_length=8, num_denoising_steps=32, early_exit=False)
+    prompts = [list(range(1, 3)), list(range(3, 22)), list(range(7, 19))]  # canvases 40, 56, 48: ragged spans
+    alone = [llada2_engine.generate(prompt_token_ids=ids, params=params) for ids in prompts]
+    slots = kv_slots(llada2_engine.model)
+    assert slots.live == 0 and slots.pool is None
+    cancelled = llada2_engine.new_request(prompt_token_ids=list(range(9, 34)), params=params)
+    together = [llada2_engine.new_request(prompt_token_ids=ids, params=params) for ids in prompts]
+    batch = [cancelled, *together]
+    assert all(r.kv_cache_tensor is None for r in batch)
+    step_all(llada2_engine, batch)
+    pool = slots.pool
+    assert slots.live == 4 and slots.width > max(r.length for r in batch)  # room for the filler column
+    for request in batch:
+        cache = request.kv_cache_tensor
+        assert cache.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()  # a view, not a copy
+        assert cache.shape[-2] == request.length
+    step_all(llada2_engine, batch)
+    assert slots.pool is pool  # the step wrote in place: nothing reallocated
+    skipped = together[0].kv_cache_tensor.clone()  # row 1, between stepped rows: runs as a dummy
+    step_all(llada2_engine, [cancelled, *together[1:]])
+    assert not any(r.finished for r in batch)
+    assert slots.pool is pool and torch.equal(together[0].kv_cache_tensor, skipped)
+    top = together[2].kv_cache_tensor.clone()
+    cancelled.release()  # the top row moves into the freed one, its cache intact
+    assert cancelled.kv_cache_tensor is None and slots.live == 3
+    assert slots.row_of(together[2]) == 0 and torch.equal(together[2].kv_cache_tensor, top)
+    while not all(r.finished for r in together):
+        step_all(llada2_engine, [r for r in together if not r.finished])
+    assert [r.result for r in together] == alone
+    assert slots.live == 0 and slots.pool is None  # every row given back
 
 
 def test_a_cancelled_request_releases_its_cache(llada2_engine):
