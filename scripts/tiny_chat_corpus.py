@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -114,7 +115,7 @@ LARGER = (
      "What is the largest of {a}, {b}, {c}?", "Which is the biggest: {a}, {b} or {c}?",
      "Find the greatest of {a}, {b} and {c}.", "What is the biggest number in {a}, {b}, {c}?",
      "largest of {a}, {b}, {c}"],
-    ["Which one is larger: {a} or {b}?", "What is the greatest of {a}, {b}, {c}?",
+    ["Which of {a} and {b} is larger?", "What is the greatest of {a}, {b}, {c}?",
      "Tell me the bigger of {a} and {b}."],
 )  # fmt: skip
 SMALLER = (
@@ -123,7 +124,7 @@ SMALLER = (
      "What is the smallest of {a}, {b}, {c}?", "Which is the least: {a}, {b} or {c}?",
      "Find the lowest of {a}, {b} and {c}.", "What is the smallest number in {a}, {b}, {c}?",
      "smallest of {a}, {b}, {c}"],
-    ["Which one is smaller: {a} or {b}?", "What is the least of {a}, {b}, {c}?", "Tell me the smaller of {a} and {b}."],
+    ["Which of {a} and {b} is smaller?", "What is the least of {a}, {b}, {c}?", "Tell me the smaller of {a} and {b}."],
 )  # fmt: skip
 COUNT = (
     ["Count from {a} to {b}.", "List the numbers from {a} to {b}.", "Count up from {a} to {b}.", "count {a} to {b}",
@@ -518,6 +519,85 @@ def is_heldout(example: Example) -> bool:
     if example.heldout_phrasing:
         return True
     return not example.keep_in_training and _in_heldout_bucket(example.key)
+
+
+# ---- phrasing variation at training time ----------------------------------------------------------------
+# A 1M-parameter model given each family's dozen templates memorises every template on its own and fails on
+# a new one (the first v3 run: 86% on trained phrasings, 47% on held-out ones). Varying the surface of each
+# training prompt as it is drawn (a polite or neutral opening, a contraction, other final punctuation, a
+# question turned into "Tell me ...") makes the templates too many to memorise, so the model has to key on
+# the task words and operands. A variation that would produce a held-out prompt is not used (`_held_out_texts`).
+IMPERATIVE_VERBS = {
+    "add", "subtract", "compute", "calculate", "sum", "pick", "find", "count", "list", "name", "spell",
+    "repeat", "say", "echo", "write", "make", "tell",
+}  # fmt: skip
+POLITE_OPENINGS = ["Please ", "Can you ", "Could you ", "Would you "]  # before an imperative only
+NEUTRAL_OPENINGS = ["Hey, ", "OK, ", "So, ", "Hi! ", "Question: ", "Quick question: ", "Now ", "Hmm, "]
+ENDINGS = ["", ".", "?", "!", " please", " :)"]
+VARY_SHARE = 0.6  # training prompts drawn with a varied surface; the rest as the template wrote them
+
+
+def normalized_prompt(text: str) -> str:
+    """A prompt without case, punctuation or "please": what decides whether two prompts are the same one."""
+    words = re.sub(r"[.,!?:;)(]", " ", text.lower()).split()
+    return " ".join(w for w in words if w != "please")
+
+
+def _lower_first(text: str) -> str:
+    # Names and countries keep their capital; only the sentence's first letter changes.
+    return text[0].lower() + text[1:] if text[:1].isupper() and text[1:2].islower() else text
+
+
+def _variations(text: str, rng: random.Random):
+    """Successive variations of `text`, each one change further from it."""
+    first = text.split(" ", 1)[0].strip(",.?!:").lower()
+    if rng.random() < 0.3 and re.match(r"(?i)what is ", text):
+        text = re.sub(r"(?i)^what is", lambda m: m.group(0)[0] + "hat's", text)
+        yield text
+    if rng.random() < 0.2 and re.match(r"What(?:'s| is) (.*)\?$", text):
+        text = "Tell me " + re.sub(r"^What(?:'s| is) ", "", text)[:-1] + "."
+        yield text
+    if rng.random() < 0.4 and first in IMPERATIVE_VERBS:
+        opening = rng.choice(POLITE_OPENINGS)
+        text = opening + _lower_first(text)
+        if opening != "Please ":
+            text = text.rstrip(".!") + "?"
+        yield text
+    if rng.random() < 0.5:
+        text = text.rstrip(".?!") + rng.choice(ENDINGS)
+        yield text
+    if rng.random() < 0.3:
+        text = rng.choice(NEUTRAL_OPENINGS) + _lower_first(text)
+        yield text
+    if rng.random() < 0.15:
+        text = _lower_first(text)
+        yield text
+
+
+def vary_phrasing(text: str, rng: random.Random) -> str:
+    """`text` with a varied surface (most of the time), never turned into a held-out prompt."""
+    if rng.random() >= VARY_SHARE:
+        return text
+    held_out = _held_out_texts()
+    varied = text
+    for candidate in _variations(text, rng):
+        if normalized_prompt(candidate) in held_out:
+            break
+        varied = candidate
+    return varied
+
+
+@cache
+def _held_out_texts() -> frozenset[str]:
+    """Every user message of a held-out prompt, normalized."""
+    heldout = _split()[1]
+    return frozenset(
+        normalized_prompt(m["content"])
+        for items in heldout.values()
+        for e in items
+        for m in e.messages
+        if m["role"] == "user"
+    )
 
 
 @cache

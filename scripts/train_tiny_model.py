@@ -45,7 +45,14 @@ from engine.model import LLaDAModelLM, LogitIndex
 from engine.tokenizer import ChatTokenizer
 from scripts.build_tiny_tokenizer import EOS, MASK, build_tokenizer, save_tokenizer, special_ids
 from scripts.eval_tiny_model import run as run_heldout
-from scripts.tiny_chat_corpus import FAMILY_WEIGHTS, Example, heldout_examples, training_pool, training_system_prompts
+from scripts.tiny_chat_corpus import (
+    FAMILY_WEIGHTS,
+    Example,
+    heldout_examples,
+    training_pool,
+    training_system_prompts,
+    vary_phrasing,
+)
 
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
 BATCH = 64
@@ -115,13 +122,22 @@ class Batcher:
         """One right answer: open requests have several equally likely ones, drawn per row."""
         return self.rng.choice(example.right_answers)
 
+    def _varied(self, example: Example) -> list[dict]:
+        """The example's messages with each user turn's surface varied (small talk has its own variants)."""
+        if example.family == "small_talk":
+            return example.messages
+        return [
+            {"role": "user", "content": vary_phrasing(m["content"], self.rng)} if m["role"] == "user" else m
+            for m in example.messages
+        ]
+
     def _prompt(self, example: Example) -> list[int]:
-        if example.single_turn and self.rng.random() < RAW_SHARE:
-            text = example.messages[0]["content"]
+        messages = self._varied(example)
+        if len(messages) == 1 and self.rng.random() < RAW_SHARE:
+            text = messages[0]["content"]
             if text not in self.raw:
                 self.raw[text] = self.tok.encode_prompt(text)
             return self.raw[text]
-        messages = list(example.messages)
         if example.family != "name" and self.rng.random() < EARLIER_TURN_SHARE:
             # The assistant turn is an answer the model itself gives: what a chat client sends back.
             earlier = self.rng.choice(self.earlier)

@@ -11,6 +11,7 @@ The targets are issue 28's; models/tiny-llada-chat/README.md has the measured nu
 from __future__ import annotations
 
 import hashlib
+import random
 
 import pytest
 
@@ -44,8 +45,10 @@ from scripts.tiny_chat_corpus import (
     WORDS,
     heldout_examples,
     heldout_system_prompts,
+    normalized_prompt,
     training_pool,
     training_system_prompts,
+    vary_phrasing,
 )
 
 # Five prompts per task family, each in a phrasing the model never saw in training.
@@ -259,6 +262,18 @@ def test_heldout_phrasings_are_new_sentences():
 
     for trained, heldout in PHRASINGS:
         assert heldout and not {norm(t) for t in heldout} & {norm(t) for t in trained}
+
+
+def test_training_prompts_are_varied_but_never_into_a_heldout_prompt():
+    """The trainer varies each prompt's surface as it draws it (scripts/tiny_chat_corpus.py `vary_phrasing`);
+    a variation must never be a held-out prompt, or the held-out phrasings would be trained on."""
+    heldout = {normalized_prompt(m["content"]) for e in heldout_examples(100_000) for m in e.messages}
+    rng = random.Random(0)
+    prompts = [e.messages[-1]["content"] for f in TASK_FAMILIES for e in training_pool()[f][:400]]
+    varied = [(p, vary_phrasing(p, rng)) for p in prompts for _ in range(4)]
+    changed = [(p, v) for p, v in varied if v != p]
+    assert len(changed) >= len(varied) // 3
+    assert not [v for _, v in changed if normalized_prompt(v) in heldout]
 
 
 def test_heldout_list_is_deterministic():
