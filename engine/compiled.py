@@ -11,6 +11,12 @@ On CPU the graph is inductor's (fused C++ kernels); on CUDA it is also captured 
 (mode "reduce-overhead"), which is what removes the per-kernel launch cost. The KV pool, which the graph
 writes in place, is marked as a static input so the capture may keep its address.
 
+The graph writes the pool in place because `KVFrame` (engine/model.py) writes with an `index_put_` on the
+pool tensor itself, a graph input. Written through a view of it instead (the flat `.view(-1, head_dim)` it
+used before), inductor functionalized the write into a clone of the whole pool and a copy of it all back per
+call, so a compiled cached step cost the pool's size (2-3x slower than eager with an 8-row pool, CPU, torch
+2.13); tests/test_compiled.py checks that the output code has no pass over the whole pool.
+
 Compiled graphs land in PyTorch's on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a
 restart re-traces but does not recompile: engine.warm_up logs both times. Quantized (torchao) weights are
 refused: their tensor subclasses recompile at every step until dynamo's limit (measured on CPU).

@@ -126,23 +126,27 @@ class KVFrame:
     first_row: int = 0
 
     def layers(self) -> list[LayerKV]:
-        """One `LayerKV` per layer. The writes go through one flat index into the whole buffer: an in-place
-        `index_put_` that torch.compile keeps in place (a `scatter_` into a view of an input is turned into
-        a copy of the whole buffer per layer)."""
+        """One `LayerKV` per layer. Each write is an `index_put_` on the whole buffer itself, indexed by
+        (layer, key-or-value, row, head, column), and not on a view of it: torch.compile then keeps it in place.
+        Through a view (a flat `.view(-1, head_dim)`, or a `scatter_` into a slice) inductor functionalizes the
+        write into a clone of the whole buffer and a copy of it all back per call (measured on CPU, torch 2.13:
+        docs/benchmarks.md, "Compiled forward"), so the compiled step would cost the pool's size."""
         n_layers, _, rows, heads, width, head_dim = self.buffer.shape
         batch = self.columns.shape[0]
         keys = self.key_width or (width if self.key_mask is None else self.key_mask.shape[1])
         device = self.columns.device
-        row_index = (torch.arange(batch, device=device)[:, None, None] + self.first_row) * heads
-        head_index = torch.arange(heads, device=device)[None, :, None]
-        within = ((row_index + head_index) * width + self.columns[:, None, :]).flatten()  # [B·H·A]
-        plane = rows * heads * width  # elements of one (layer, key-or-value) plane, in head_dim rows
-        starts = torch.arange(2 * n_layers, device=device)[:, None] * plane
-        index = (starts + within[None, :]).view(n_layers, 2, -1)
-        flat = self.buffer.view(-1, head_dim)
+        row_index = torch.arange(self.first_row, self.first_row + batch, device=device)[:, None, None]  # [B, 1, 1]
+        head_index = torch.arange(heads, device=device)[None, :, None]  # [1, H, 1]
+        column_index = self.columns[:, None, :]  # [B, 1, A]
+        layer_index, kind = torch.arange(n_layers, device=device), torch.arange(2, device=device)  # 0-d picks
         rows_used = slice(self.first_row, self.first_row + batch)
         return [
-            LayerKV(flat, index[layer, 0], index[layer, 1], self.buffer[layer, :, rows_used, :, :keys])
+            LayerKV(
+                self.buffer,
+                (layer_index[layer], kind[0], row_index, head_index, column_index),
+                (layer_index[layer], kind[1], row_index, head_index, column_index),
+                self.buffer[layer, :, rows_used, :, :keys],
+            )
             for layer in range(n_layers)
         ]
 
@@ -151,16 +155,15 @@ class KVFrame:
 class LayerKV:
     """One layer's view of a KVFrame."""
 
-    flat: torch.Tensor  # the frame's whole buffer as rows of head_dim
-    key_index: torch.Tensor  # [B·n_kv_heads·A] rows of `flat` that the fresh keys go to
-    value_index: torch.Tensor
+    buffer: torch.Tensor  # the frame's whole buffer
+    key_index: tuple[torch.Tensor, ...]  # (layer, 0, rows [B,1,1], heads [1,H,1], columns [B,1,A]) → [B, H, A]
+    value_index: tuple[torch.Tensor, ...]  # the same, with 1: the values' plane
     frame: torch.Tensor  # [2, B, n_kv_heads, K, head_dim]: what attention reads
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the fresh keys (rotated) and values [B, n_kv_heads, A, head_dim]; return every column's."""
-        head_dim = k.shape[-1]
-        self.flat.index_put_((self.key_index,), k.reshape(-1, head_dim))
-        self.flat.index_put_((self.value_index,), v.reshape(-1, head_dim))
+        self.buffer.index_put_(self.key_index, k)
+        self.buffer.index_put_(self.value_index, v)
         return self.frame[0], self.frame[1]
 
 

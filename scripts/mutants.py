@@ -362,7 +362,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kv-write-skips-values",
         MODEL,
-        "self.flat.index_put_((self.value_index,), v.reshape(-1, head_dim))",
+        "self.buffer.index_put_(self.value_index, v)",
         "pass",
         "a cached forward writes the fresh values of the positions it computes",
         (f"{FAST_DLLM}::test_reproduces_official_fast_dllm_sampler",),

@@ -92,3 +92,37 @@ def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes()
     assert compiled.stats.snapshot()["dllm_compile_recompiles_total"] == 0
     eager.shutdown()
     compiled.shutdown()
+
+
+@pytest.mark.slow
+def test_compiled_cached_forward_writes_the_pool_in_place_without_a_whole_pool_copy():
+    """The compiled graph must write the fresh keys and values into the pool itself: inductor's output code
+    has no pass over the whole pool (a functionalized write clones it and copies it all back per call, which
+    makes a compiled step cost the pool's size), and the pool ends up with eager's writes."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    from engine.compiled import _forward
+    from engine.model import KVFrame, LogitIndex
+
+    torch._dynamo.reset()
+    model = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False).model.eval()
+    c = model.config
+    rows, width, computed = 4, 128, 8  # a pool larger than the frame's rows: a whole-pool pass shows up
+    generator = torch.Generator().manual_seed(0)
+    pool = torch.randn(c.n_layers, 2, rows, c.n_kv_heads, width, c.head_dim, generator=generator)
+    batch = 2
+    input_ids = torch.randint(5, 300, (batch, computed), generator=generator)
+    columns = torch.stack([torch.arange(20, 20 + computed), torch.arange(40, 40 + computed)])
+    key_mask = torch.arange(width)[None, :] < torch.tensor([[60], [90]])
+    grid = torch.arange(computed).repeat(batch, 1)
+    args = (input_ids, None, grid, pool, columns, columns.clone(), key_mask)
+    with torch.inference_mode():
+        before, eager_pool = pool.clone(), pool.clone()
+        eager = model.forward(input_ids, logit_index=LogitIndex(grid), kv=KVFrame(eager_pool, *args[4:]))
+        logits, code = run_and_get_code(torch.compile(_forward, dynamic=False), model, *args)
+    code = "\n".join(code)
+    assert f"{pool.numel()}L" not in code  # no kernel loops over every element of the pool
+    torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pool, eager_pool, rtol=1e-4, atol=1e-4)  # written where eager writes
+    assert not torch.equal(pool[:, :, 0, :, 20 : 20 + computed], before[:, :, 0, :, 20 : 20 + computed])
