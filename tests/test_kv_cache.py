@@ -114,6 +114,14 @@ def traced(engine: DiffusionEngine, prompt_ids: list[int], params: SamplingParam
     return request, seen
 
 
+def assert_caches_are_rows_of(pool: torch.Tensor, requests) -> None:
+    """Each request's cache is a view of `pool` (not a copy), as wide as its canvas."""
+    for request in requests:
+        cache = request.kv_cache_tensor
+        assert cache.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()  # a view, not a copy
+        assert cache.shape[-2] == request.length
+
+
 def run_together(engine: DiffusionEngine, requests: list[DenoisingRequest]) -> None:
     """Step the requests in shared forwards, one more joining at each step, each leaving when it finishes:
     the batch's width and every row's padding change from step to step."""
@@ -171,10 +179,7 @@ def test_caches_are_rows_of_one_pool_written_in_place_and_freed_at_the_end(engin
     slots = kv_slots(engine.model)
     pool = slots.pool
     assert slots.live == 3 and slots.width > max(r.length for r in together)  # room for the filler column
-    for request in together:
-        cache = request.kv_cache_tensor
-        assert cache.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()  # a view, not a copy
-        assert cache.shape[-2] == request.length
+    assert_caches_are_rows_of(pool, together)
     engine.step(together)
     assert slots.pool is pool  # the step wrote in place: nothing reallocated
     top = together[2].kv_cache_tensor.clone()

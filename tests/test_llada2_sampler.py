@@ -13,6 +13,7 @@ from tests.fixture_paths import llada2_cases
 from tests.llada2_engine import EOS, MASK, TokenIdText
 from tests.llada2_engine import llada2_engine as build_engine
 from tests.step_gate import StepByStep
+from tests.test_kv_cache import assert_caches_are_rows_of
 from tests.test_llada2_reference import CASES, params_of
 
 VOCAB = 512
@@ -161,10 +162,7 @@ def test_block_caches_are_rows_of_the_models_one_pool_written_in_place(llada2_en
     step_all(llada2_engine, batch)
     pool = slots.pool
     assert slots.live == 4 and slots.width > max(r.length for r in batch)  # room for the filler column
-    for request in batch:
-        cache = request.kv_cache_tensor
-        assert cache.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()  # a view, not a copy
-        assert cache.shape[-2] == request.length
+    assert_caches_are_rows_of(pool, batch)
     step_all(llada2_engine, batch)
     assert slots.pool is pool  # the step wrote in place: nothing reallocated
     skipped = together[0].kv_cache_tensor.clone()  # row 1, between stepped rows: runs as a dummy
