@@ -26,7 +26,6 @@ import asyncio
 import atexit
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -38,6 +37,7 @@ from math import inf
 from typing import Protocol
 
 from engine.batching_policy import ForwardCost, next_batch
+from engine.env_settings import ascii_float, ascii_int, settings_from_env
 from engine.errors import EngineOverloaded, EngineShutdown
 from engine.sampler import DenoisingRequest, StepEvent
 from engine.stats import EngineStats
@@ -120,31 +120,9 @@ class SchedulerConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SchedulerConfig:
         """Defaults overridden by DLLM_MAX_BATCH_SIZE, DLLM_MAX_WAITING, DLLM_MAX_WAIT_MS,
         DLLM_KV_CACHE_BUDGET_MB (MiB), DLLM_MAX_PREPARING, DLLM_MAX_PROMPT_TOKENS and DLLM_STEP_TOKEN_BUDGET.
-        Integers are ASCII digits only (`int` would also take "٣" or "1_000")."""
-        environ = os.environ if environ is None else environ
-        values: dict = {}
-        for name, var in cls.ENV_VARS.items():
-            raw = environ.get(var, "").strip()
-            if not raw:
-                continue
-            parse = float if name == "max_wait_ms" else _mebibytes if name == "kv_cache_budget_bytes" else ascii_int
-            try:
-                if not raw.isascii():  # float and int read other scripts' digits too ("٣" is 3)
-                    raise ValueError(f"must be written with ASCII digits, got {raw!r}")
-                values[name] = parse(raw)
-                cls(**{name: values[name]})  # the range check, while we still know which variable it was
-            except ValueError as error:
-                kind = "a number" if parse is float else "an integer"
-                reason = error if name in values or not raw.isascii() else f"must be {kind}"
-                raise ValueError(f"{var}={raw!r}: {reason}") from None
-        return cls(**values)
-
-
-def ascii_int(raw: str) -> int:
-    """An integer setting in ASCII digits only (`int` would also read "٣" or "1_000")."""
-    if not (raw.isascii() and raw.lstrip("-").isdigit()):
-        raise ValueError(raw)
-    return int(raw)
+        Numbers are ASCII digits only."""
+        parsers = {"max_wait_ms": ascii_float, "kv_cache_budget_bytes": _mebibytes}
+        return settings_from_env(cls, parsers, environ)
 
 
 def _mebibytes(raw: str) -> int:

@@ -18,15 +18,14 @@ canvas; default the model's maximum sequence length, at most 1024).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.compiled import static_shapes_of
+from engine.env_settings import ascii_int, comma_list, settings_from_env
 from engine.errors import InvalidParameter
 from engine.kv_slots import kv_slots
 from engine.params import SamplingParams
-from engine.scheduler import ascii_int
 
 WARM_UP_BLOCK = 32
 MAX_RESERVED_LENGTH = 1024
@@ -65,23 +64,8 @@ class WarmUpPlan:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WarmUpPlan:
-        environ = os.environ if environ is None else environ
-        values: dict = {}
-        for name, var in cls.ENV_VARS.items():
-            raw = environ.get(var, "").strip()
-            if not raw:
-                continue
-            try:
-                if name == "kv_cache":
-                    values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
-                elif name == "batch_sizes":
-                    values[name] = tuple(ascii_int(part.strip()) for part in raw.split(",") if part.strip())
-                else:
-                    values[name] = ascii_int(raw)
-                cls(**{name: values[name]})
-            except ValueError as error:
-                raise ValueError(f"{var}={raw!r}: {error}") from None
-        return cls(**values)
+        parsers = {"kv_cache": comma_list(str), "batch_sizes": comma_list(ascii_int)}
+        return settings_from_env(cls, parsers, environ)
 
 
 def run_warm_up(engine, plan: WarmUpPlan) -> None:
