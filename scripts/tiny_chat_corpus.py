@@ -386,18 +386,23 @@ def _repeat():
             yield Example(_user(t.format(s=s)), s, "repeat", heldout_phrasing=held)
 
 
+# Two-turn conversations drawn per introduction. All 21 (reply, question) pairs made the single-turn
+# introduction 1 row in 22 of the family, and the model then answered "My name is Rose." with a number.
+NAME_PAIRS_PER_INTRO = 3
+
+
 def _name():
     for n in NAMES:
         for intro, held_intro in _phrasings(INTRO):
             yield Example(_user(intro.format(n=n)), INTRO_REPLY.format(n=n), "name", heldout_phrasing=held_intro)
-            for reply in REPLY:
-                for ask, held_ask in _phrasings(ASK_NAME):
-                    messages = [
-                        {"role": "user", "content": intro.format(n=n)},
-                        {"role": "assistant", "content": reply.format(n=n)},
-                        {"role": "user", "content": ask},
-                    ]
-                    yield Example(messages, n, "name", heldout_phrasing=held_intro or held_ask)
+            pairs = [(reply, ask) for reply in REPLY for ask in _phrasings(ASK_NAME)]
+            for reply, (ask, held_ask) in random.Random(f"{n} {intro}").sample(pairs, NAME_PAIRS_PER_INTRO):
+                messages = [
+                    {"role": "user", "content": intro.format(n=n)},
+                    {"role": "assistant", "content": reply.format(n=n)},
+                    {"role": "user", "content": ask},
+                ]
+                yield Example(messages, n, "name", heldout_phrasing=held_intro or held_ask)
 
 
 def _article(w: str) -> str:
@@ -532,7 +537,8 @@ IMPERATIVE_VERBS = {
     "repeat", "say", "echo", "write", "make", "tell",
 }  # fmt: skip
 POLITE_OPENINGS = ["Please ", "Can you ", "Could you ", "Would you "]  # before an imperative only
-NEUTRAL_OPENINGS = ["Hey, ", "OK, ", "So, ", "Hi! ", "Question: ", "Quick question: ", "Now ", "Hmm, "]
+# No greetings ("Hi! ", "Hey, "): after "Hi! what is 2 plus 5" the model answered a bare "Hello" with a number.
+NEUTRAL_OPENINGS = ["OK, ", "So, ", "Question: ", "Quick question: ", "Now ", "Hmm, "]
 ENDINGS = ["", ".", "?", "!", " please", " :)"]
 VARY_SHARE = 0.6  # training prompts drawn with a varied surface; the rest as the template wrote them
 

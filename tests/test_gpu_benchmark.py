@@ -30,6 +30,16 @@ from tests.fixture_paths import FIXTURE_DIR, REPO_ROOT
 HANG_GUARD_S = 300  # turns a hang into a failure; the script takes seconds
 
 
+def run_gpu_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+
+
 # --- benchmarks/gpu.py --tiny: the script that measures the GPU must not rot ----------------------------
 
 
@@ -37,13 +47,7 @@ HANG_GUARD_S = 300  # turns a hang into a failure; the script takes seconds
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
     out = tmp_path / "gpu.json"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--tiny", "--family", family, "--json", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_gpu_script("--tiny", "--family", family, "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("SMOKE CHECK") for line in lines)  # never mistaken for a performance claim
@@ -74,13 +78,7 @@ def test_gpu_benchmark_tiny_runs_and_prints_its_table(tmp_path, family):
 @pytest.mark.slow  # the script, in a subprocess
 def test_gpu_benchmark_tiny_llada2_runs_the_cached_block_step(tmp_path):
     out = tmp_path / "gpu-llada2.json"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--tiny", "--family", "llada2", "--json", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_gpu_script("--tiny", "--family", "llada2", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("SMOKE CHECK") for line in lines)
@@ -121,13 +119,7 @@ def test_llada2_mini_shapes_and_parameter_counts():
 def test_gpu_benchmark_quantize_flag_quantizes_the_blocks_and_reports_it(tmp_path, mode):
     pytest.importorskip("torchao", reason="--quantize needs the quant extra")
     out = tmp_path / "gpu.json"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--tiny", "--quantize", mode, "--json", str(out)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_gpu_script("--tiny", "--quantize", mode, "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"quantize: {mode}" in done.stdout
     assert f"(14 of 14 layers quantized: {mode})" in done.stdout  # 2 blocks x 7 linear layers
@@ -142,13 +134,7 @@ def test_gpu_benchmark_quantize_flag_quantizes_the_blocks_and_reports_it(tmp_pat
     ("flag", "message"), [("int3", "invalid choice: 'int3'"), ("fp8", "--quantize=fp8 needs a CUDA GPU")]
 )
 def test_gpu_benchmark_refuses_a_bad_quantize_value(flag, message):
-    done = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--tiny", "--quantize", flag],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    done = run_gpu_script("--tiny", "--quantize", flag)
     assert done.returncode != 0 and message in done.stderr
 
 
