@@ -262,11 +262,3 @@ class LLaDA2MoeModelLM(nn.Module):
         c = self.config
         element = self.model.word_embeddings.weight.element_size()
         return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * positions * element
-
-    def new_kv_buffer(self, rows: int, columns: int) -> torch.Tensor:
-        """A zeroed standalone frame buffer [n_layers, 2, rows, n_kv_heads, columns, head_dim], for a cached forward
-        outside the engine (the engine's requests use the model's KV pool, engine/kv_slots.py). Zeros, not
-        garbage: hidden columns are still read by attention, and a NaN there would survive the mask."""
-        c, weight = self.config, self.model.word_embeddings.weight
-        shape = (c.num_hidden_layers, 2, rows, c.num_key_value_heads, columns, c.head_dim)
-        return torch.zeros(shape, dtype=weight.dtype, device=weight.device)

@@ -101,7 +101,8 @@ def test_cached_forward_equals_the_full_forward(model, reference):
     block, length = reference["block_length"], ids.shape[1]
     with torch.inference_mode():
         full = model(ids, attention_mask=block_causal_mask(length, block)[None, None])
-        buffer = model.new_kv_buffer(1, length)
+        c = model.config  # the frame's buffer: [layers, keys/values, rows, kv heads, columns, head dim]
+        buffer = torch.zeros(c.num_hidden_layers, 2, 1, c.num_key_value_heads, length, c.head_dim)
         # First: the prompt's two blocks into the buffer; then the last block alone against it.
         first = torch.arange(0, 2 * block)[None]
         visible = block_causal_mask(length, block)[None, None, : 2 * block]  # the later block's columns are hidden
