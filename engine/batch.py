@@ -59,8 +59,13 @@ def denoise_step(
     in its slot; the others are unaffected. A failing forward raises (it concerns the whole batch).
 
     Block-diffusion requests (LLaDA2) take a step of their own, engine/block_step.py; a model holds one
-    family, so a batch is all of one kind.
+    family, so a batch is all of one kind. A request that has already finished gets a ValueError back and is
+    not stepped: it has given its KV-pool row back, and a step would take one that nothing frees.
     """
+    if any(r.finished for r in requests):
+        unfinished = [r for r in requests if not r.finished]
+        live = iter(denoise_step(model, unfinished, device, pad_id) if unfinished else [])
+        return [ValueError("this request has already finished") if r.finished else next(live) for r in requests]
     if isinstance(requests[0], BlockDiffusionRequest):
         from engine.block_step import block_denoise_step  # it imports this module's helpers
 

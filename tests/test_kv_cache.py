@@ -250,3 +250,23 @@ def test_a_step_count_with_a_threshold_is_refused_by_a_llada_model(fixture_engin
     with pytest.raises(InvalidParameter) as error:
         fixture_engine.new_request(prompt_token_ids=[1, 2, 3], params=params)
     assert error.value.field == "num_denoising_steps"
+
+
+@pytest.mark.parametrize(("engine_fixture", "cache"), [("fixture_engine", "dual"), ("llada2_engine", "none")])
+def test_a_finished_request_stepped_again_is_refused_and_takes_no_pool_row(engine_fixture, cache, request):
+    """Stepped directly (the scheduler never does it), a finished request gets an error back, the others in the
+    same call still step, and no row is taken: it gave its row back when it finished, and nothing would free a
+    second one."""
+    engine = request.getfixturevalue(engine_fixture)
+    params = SamplingParams(gen_length=16, block_length=8, num_denoising_steps=16, kv_cache=cache)
+    done, running = (engine.new_request(prompt_token_ids=PROMPTS[0], params=params) for _ in range(2))
+    while not done.finished:
+        engine.step([done])
+    slots = kv_slots(engine.model)
+    assert slots.live == 0
+    refused, stepped = engine.step([done, running])
+    assert isinstance(refused, ValueError) and "already finished" in str(refused)
+    assert not isinstance(stepped, Exception) and slots.live == 1 and slots.row_of(running) == 0
+    running.release()
+    (alone,) = engine.step([done])  # alone in its call: no forward at all
+    assert isinstance(alone, ValueError) and slots.live == 0
