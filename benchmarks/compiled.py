@@ -1,7 +1,7 @@
 """The compiled static-shape forward (engine/compiled.py) against eager, on the embedded model, in one run.
 
 Two engines on the same weights, one eager and one compiled, warmed up with the same plan (batch 1 and 8,
-kv_cache none and dual, the shapes of these prompts). Then, for each row (none / prefix / dual at one token
+kv_cache none, prefix and dual, the shapes of these prompts). Then, for each row (none / prefix / dual at one token
 per forward, and threshold decoding τ 0.9 without and with the dual cache) at batch 1 and at batch 8
 (8 requests stepped together, as the scheduler does), both engines generate the same prompts, alternating
 which goes first; one untimed pass of each row comes first (the first request after readiness is then
@@ -110,12 +110,14 @@ def main() -> None:
     eager = DiffusionEngine.from_pretrained(None, device="cpu", compile=False, scheduler_config=config)
     compiled = DiffusionEngine.from_pretrained(None, device="cpu", compile=True, scheduler_config=config)
     prompts = [eager.tokenizer.encode_chat(e.messages) for e in heldout_examples()[:n_prompts]]
-    plan = dict(batch_sizes=(1, big), kv_cache=("none", "dual"), prompt_tokens=len(prompts[0]), gen_length=gen)
+    plan = dict(
+        batch_sizes=(1, big), kv_cache=("none", "prefix", "dual"), prompt_tokens=len(prompts[0]), gen_length=gen
+    )
     cold = compiled.warm_up(WarmUpPlan(**plan))
     eager.warm_up(WarmUpPlan(**plan))
     warm = warm_up_in_fresh_process(cache_dir, big, plan)
     print(f"embedded model, CPU threads {torch.get_num_threads()}, gen {gen}, block {BLOCK}, prompts {n_prompts}")
-    print(f"warm-up (batch 1 and {big}, none and dual): cold {cold:.1f} s, warm disk cache {warm:.1f} s "
+    print(f"warm-up (batch 1 and {big}, none, prefix and dual): cold {cold:.1f} s, warm disk cache {warm:.1f} s "
           f"(fresh process), {compiled.stats.snapshot()['dllm_compiled_shapes']} shapes")  # fmt: skip
 
     timers = {"eager": StepTimer(eager), "compiled": StepTimer(compiled)}

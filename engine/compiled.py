@@ -28,6 +28,7 @@ import logging
 import threading
 
 import torch
+from torch._dynamo.utils import counters
 
 from engine.model import KVFrame, LogitIndex
 
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
 CANDIDATE_QUANTUM = 32
+# Graphs of `_forward` dynamo may build, one per shape bucket: past its limit (8 by default) it stops
+# compiling and runs every further shape eagerly, padded, without a word but one log line. A warm-up of
+# batch 1 and 8 with all three cache modes already needs 12.
+MAX_GRAPHS = 256
 
 
 def round_up(value: int, quantum: int) -> int:
@@ -59,8 +64,8 @@ class StaticShapes:
     """The compiled forward of one model and the buckets its steps are padded into.
 
     batch_sizes: the batch buckets, ascending; a batch larger than the last runs at its own size (a shape of
-    its own, compiled when first seen). Every shape compiled after `warm_up_done()` counts as a recompile
-    (`recompiles`), the number /metrics exposes: it should stay 0 once warm-up covers the traffic.
+    its own, compiled when first seen). Every graph dynamo builds once warm-up has ended (`warmed_up`) counts
+    as a recompile (`recompiles`), the number /metrics exposes: it should stay 0 once warm-up covers the traffic.
     """
 
     def __init__(self, model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES):
@@ -68,6 +73,8 @@ class StaticShapes:
         mode = "reduce-overhead" if device.type == "cuda" else None
         self.on_cuda = device.type == "cuda"
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
+        for limit in ("recompile_limit", "accumulated_recompile_limit"):  # process-wide settings: only raised
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), MAX_GRAPHS))
         self._compiled = torch.compile(_forward, dynamic=False, mode=mode)
         self.shapes: set[tuple] = set()
         self.warmed_up = False
@@ -90,15 +97,18 @@ class StaticShapes:
         args = [input_ids, attention_mask, logit_index.columns]
         args += [None] * 4 if kv is None else [kv.buffer, kv.columns, kv.positions, kv.key_mask]
         key = tuple(None if a is None else tuple(a.shape) for a in args)
-        with self._lock:
-            if key not in self.shapes:
-                self.shapes.add(key)
-                if self.warmed_up:
-                    self.recompiles += 1
-                    logger.warning("compiling a shape that warm-up did not cover: %s", key)
         if kv is not None and self.on_cuda:
             torch._dynamo.mark_static_address(kv.buffer)  # written in place by the captured graph
+        # Dynamo's own count of the graphs it built, so that a recompile a guard forces on a known shape counts
+        # too, not only a new shape. Steps run one at a time, so the difference is this call's.
+        graphs_before = counters["stats"]["unique_graphs"]
         logits = self._compiled(model, *args)
+        new_graphs = counters["stats"]["unique_graphs"] - graphs_before
+        with self._lock:
+            self.shapes.add(key)
+            if new_graphs and self.warmed_up:
+                self.recompiles += new_graphs
+                logger.warning("compiled a graph after warm-up (a shape it did not cover, or a failed guard): %s", key)
         return logits if logit_index.real is None else logits[logit_index.real]
 
 
@@ -109,6 +119,7 @@ def static_shapes_of(model) -> StaticShapes | None:
 
 def compile_static(model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> StaticShapes:
     """Give `model` a compiled static-shape forward (engine/batch.py pads its steps for it)."""
+    model.rotary.fill(model.rotary.initial_length, next(model.parameters()).device)
     static = StaticShapes(model, batch_sizes)
     object.__setattr__(model, "_static_shapes", static)  # a plain attribute, not a submodule
     return static

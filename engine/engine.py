@@ -372,7 +372,7 @@ class DiffusionEngine:
         """Run one step of each configured shape bucket (engine/warm_up.py), so that a compiled forward has its
         graphs before the first request; returns (and logs, and exposes as dllm_warm_up_seconds) the seconds it
         took. Call it before serving. Eager, it only exercises the path. Compiled, it also reserves the KV pool
-        at its serving size (the graphs are specialised on it), and every later new shape counts as a recompile."""
+        at its serving size (the graphs are specialised on it), and every graph compiled later counts as a recompile."""
         plan = plan or WarmUpPlan.from_env()
         self.warming_up = True
         started = time.perf_counter()

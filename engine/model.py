@@ -60,6 +60,13 @@ class RotaryCache:
             self._tables[device] = (cos, sin)
         return cos[:length], sin[:length]
 
+    @torch.inference_mode()  # as the forwards build it: a table of another kind fails the compiled graphs' guards
+    def fill(self, length: int, device: torch.device) -> None:
+        """Build the table now, for `length` positions at least. The compiled forward needs this: a graph traced
+        while the table is missing or too short builds it as a side effect and guards on the old one, so every
+        graph compiled before recompiles at its next call."""
+        self.get(length, device)
+
 
 def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     t32 = t.float()

@@ -6,7 +6,8 @@ requests, so that the first real request is not the one that pays; readiness sta
 PyTorch's on-disk cache keeps the compiled code, so a restart only re-traces.
 
 What a plan covers: for every batch bucket and every cache mode, the block's first forward and (with a cache)
-one cached step, at one prompt length and canvas. A request of another length shares a bucket when its
+a cached step, at one prompt length and canvas; with the prefix cache, in every block (its cached query
+runs to the canvas's end, so it shrinks block by block). A request of another length shares a bucket when its
 lengths round to the same ones (engine/compiled.py's `length_bucket`); one that does not compiles its
 shapes when first seen, and /metrics counts that (dllm_compile_recompiles_total).
 
@@ -76,15 +77,18 @@ def run_warm_up(engine, plan: WarmUpPlan) -> None:
     if static is not None:
         static.batch_sizes = tuple(sorted(set(batch_sizes)))
         reserved = min(plan.max_length or min(limit, MAX_RESERVED_LENGTH), limit)
-        kv_slots(engine.model).reserve(max(batch_sizes), reserved + 1)
+        slots = kv_slots(engine.model)
+        slots.reserve(max(batch_sizes), reserved + 1)
+        engine.model.rotary.fill(slots.width, engine.device)  # cached forwards read it up to the pool's width
     gen = min(plan.gen_length, limit - 1)
+    block = min(WARM_UP_BLOCK, gen)
     prompt = engine.tokenizer.encode_prompt("warm up " * plan.prompt_tokens)[: min(plan.prompt_tokens, limit - gen)]
     for size in sorted(set(batch_sizes)):
         for mode in plan.kv_cache:
             params = SamplingParams(
                 gen_length=gen,
-                block_length=min(WARM_UP_BLOCK, gen),
-                num_denoising_steps=gen,
+                block_length=block,
+                num_denoising_steps=2 * (gen // block),  # two per block: its first forward, then a cached one
                 kv_cache=mode,
                 early_exit=False,
             )
@@ -93,7 +97,10 @@ def run_warm_up(engine, plan: WarmUpPlan) -> None:
             except InvalidParameter:  # a mode this family refuses (or a plan too large for its budget)
                 continue
             try:
-                for _ in range(1 if mode == "none" else 2):  # the block's first forward, then a cached one
+                # none: the whole canvas, the same shape at every step; dual: the block's first forward and a
+                # cached step, the same for every block; prefix: every block, as its cached query (the block
+                # to the canvas's end) shrinks through the length buckets.
+                for _ in range({"none": 1, "dual": 2}.get(mode, 2 * (gen // block))):
                     engine.step(requests)
             finally:
                 for request in requests:

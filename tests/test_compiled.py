@@ -6,6 +6,8 @@ the same bucketing and warm-up code eagerly, or check what is refused before any
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig
@@ -68,18 +70,40 @@ def test_eager_warm_up_steps_every_bucket_reports_its_time_and_leaves_nothing_be
     assert engine.stats.snapshot()["dllm_compiled_shapes"] == 0
 
 
+def test_prefix_warm_up_steps_every_block_because_its_cached_query_shrinks_block_by_block():
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    seen = []
+    real_step = engine.step
+
+    def step(requests):
+        start, end = requests[0].forward_span()
+        seen.append((requests[0].block, requests[0].block_step, end - start))
+        return real_step(requests)
+
+    engine.step = step
+    engine.warm_up(WarmUpPlan(batch_sizes=(1,), kv_cache=("prefix",), prompt_tokens=8, gen_length=96))
+    # Three blocks of 32, each its first forward (the whole canvas) and a cached step over the block and
+    # everything after it: 96, 64 and 32 positions, so every query bucket the canvas has is compiled.
+    assert [(block, step_in_block) for block, step_in_block, _ in seen] == [(b, s) for b in range(3) for s in (0, 1)]
+    assert [span for _, step_in_block, span in seen if step_in_block == 1] == [96, 64, 32]
+
+
 @pytest.mark.slow
-def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes():
+def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes(monkeypatch):
     """Temperature 0, alone and batched, every cache mode: the compiled engine commits the eager engine's tokens;
-    after a warm-up of the same shapes, serving compiles nothing new."""
-    config = SchedulerConfig(max_batch_size=2)
+    after a warm-up of the same shapes, serving compiles nothing new: no new shape, and no known shape whose
+    guards fail (as they did when the first traced call built the rotary table)."""
+    import torch
+
+    # Past dynamo's graph limit a shape would run eagerly instead, and give the same tokens: make it an error.
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    config = SchedulerConfig(max_batch_size=5)
     eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False, scheduler_config=config)
     compiled = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=True, scheduler_config=config)
     assert compiled.compiled and not eager.compiled
-    compiled.warm_up(TINY_PLAN)
-    shapes = compiled.stats.snapshot()["dllm_compiled_shapes"]
-    assert shapes >= 4
-    for mode in ("none", "dual"):
+    compiled.warm_up(dataclasses.replace(TINY_PLAN, batch_sizes=(1, 2, 3, 4, 5), kv_cache=("none", "prefix", "dual")))
+    assert compiled.stats.snapshot()["dllm_compiled_shapes"] > 8  # more than dynamo's default limit of graphs
+    for mode in ("none", "prefix", "dual"):
         params = SamplingParams(gen_length=16, block_length=8, num_denoising_steps=16, kv_cache=mode)
         for prompt in PROMPTS:
             alone = [engine.generate(prompt_token_ids=prompt, params=params) for engine in (eager, compiled)]
