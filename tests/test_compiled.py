@@ -15,7 +15,8 @@ from engine.compiled import StaticShapes, length_bucket
 from engine.kv_slots import kv_slots
 from engine.warm_up import WarmUpPlan, default_batch_sizes
 from server.engine_setup import check_engine_configuration
-from tests.fixture_paths import FIXTURE_DIR
+from tests import test_dream_kv_cache, test_dream_reference, test_kv_cache, test_reference_generate
+from tests.fixture_paths import DREAM_FIXTURE_DIR, FIXTURE_DIR
 
 PROMPTS = [list(range(5, 13)), list(range(20, 31))]
 TINY_PLAN = WarmUpPlan(batch_sizes=(1, 2), kv_cache=("none", "dual"), prompt_tokens=8, gen_length=16)
@@ -89,14 +90,18 @@ def test_prefix_warm_up_steps_every_block_because_its_cached_query_shrinks_block
 
 
 @pytest.mark.slow
-def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes(monkeypatch):
+def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes():
     """Temperature 0, alone and batched, every cache mode: the compiled engine commits the eager engine's tokens;
     after a warm-up of the same shapes, serving compiles nothing new: no new shape, and no known shape whose
     guards fail (as they did when the first traced call built the rotary table)."""
     import torch
 
     # Past dynamo's graph limit a shape would run eagerly instead, and give the same tokens: make it an error.
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        check_compiled_tokens_and_shapes()
+
+
+def check_compiled_tokens_and_shapes():
     config = SchedulerConfig(max_batch_size=5)
     eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False, scheduler_config=config)
     compiled = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=True, scheduler_config=config)
@@ -116,6 +121,35 @@ def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes(m
     assert compiled.stats.snapshot()["dllm_compile_recompiles_total"] == 0
     eager.shutdown()
     compiled.shutdown()
+
+
+def official_runs(family: str) -> list[tuple[list[int], SamplingParams, list[int]]]:
+    """(prompt ids, settings, canvas) of every official run recorded for a fixture model, with the settings the
+    reference tests give it: LLaDA's generate() and Fast-dLLM's samplers, or Dream's diffusion_generate() and
+    Fast-dLLM's Dream samplers."""
+    if family == "llada":
+        sources = [(test_reference_generate.CASES, test_reference_generate.reference_params),
+                   (test_kv_cache.CASES, test_kv_cache.params_of)]  # fmt: skip
+    else:
+        sources = [(test_dream_reference.CASES, test_dream_reference.dream_params),
+                   (test_dream_kv_cache.CASES, test_dream_kv_cache.params_of)]  # fmt: skip
+    return [
+        (c["prompt_ids"], settings(c, early_exit=False), c["output_ids"]) for cases, settings in sources for c in cases
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "fixture"), [("llada", FIXTURE_DIR), ("dream", DREAM_FIXTURE_DIR)])
+def test_compiled_engine_reproduces_every_official_fixture_run(family, fixture):
+    """Issue 26: at temperature 0 the compiled forward gives the official tokens (so eager's) on every fixture
+    run, with and without a KV cache, quota and threshold rules."""
+    engine = DiffusionEngine.from_pretrained(fixture, device="cpu", compile=True)
+    runs = official_runs(family)
+    assert len(runs) > 40
+    wrong = [i for i, (prompt, params, canvas) in enumerate(runs)
+             if engine.generate(prompt_token_ids=prompt, params=params).canvas_ids != canvas]  # fmt: skip
+    assert wrong == []
+    engine.shutdown()
 
 
 @pytest.mark.slow
