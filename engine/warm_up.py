@@ -100,7 +100,8 @@ def run_warm_up(engine, plan: WarmUpPlan) -> None:
                 # none: the whole canvas, the same shape at every step; dual: the block's first forward and a
                 # cached step, the same for every block; prefix: every block, as its cached query (the block
                 # to the canvas's end) shrinks through the length buckets.
-                for _ in range({"none": 1, "dual": 2}.get(mode, 2 * (gen // block))):
+                steps = {"none": 1, "dual": 2, "prefix": params.num_denoising_steps}[mode]
+                for _ in range(steps):
                     engine.step(requests)
             finally:
                 for request in requests:

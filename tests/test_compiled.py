@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig
 from engine.compiled import StaticShapes, length_bucket
@@ -90,18 +91,12 @@ def test_prefix_warm_up_steps_every_block_because_its_cached_query_shrinks_block
 
 
 @pytest.mark.slow
+# Past dynamo's graph limit a shape would run eagerly instead, and give the same tokens: make it an error.
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes():
     """Temperature 0, alone and batched, every cache mode: the compiled engine commits the eager engine's tokens;
     after a warm-up of the same shapes, serving compiles nothing new: no new shape, and no known shape whose
     guards fail (as they did when the first traced call built the rotary table)."""
-    import torch
-
-    # Past dynamo's graph limit a shape would run eagerly instead, and give the same tokens: make it an error.
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        check_compiled_tokens_and_shapes()
-
-
-def check_compiled_tokens_and_shapes():
     config = SchedulerConfig(max_batch_size=5)
     eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False, scheduler_config=config)
     compiled = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=True, scheduler_config=config)
@@ -157,7 +152,6 @@ def test_compiled_cached_forward_writes_the_pool_in_place_without_a_whole_pool_c
     """The compiled graph must write the fresh keys and values into the pool itself: inductor's output code
     has no pass over the whole pool (a functionalized write clones it and copies it all back per call, which
     makes a compiled step cost the pool's size), and the pool ends up with eager's writes."""
-    import torch
     from torch._inductor.utils import run_and_get_code
 
     from engine.compiled import _forward
