@@ -10,10 +10,11 @@ The budget is either wall clock (`--minutes`: the learning-rate schedule runs on
 CPU gets fewer steps but a complete schedule) or a step count (`--steps`: the same model whatever else runs
 on the machine, which is what a shared machine needs). `--init DIR` continues from that directory's
 weights and tokenizer (e.g. a shorter second run at a lower `--lr`). `--checkpoint-every N` also keeps
-the weights of every N-th step as step-N.safetensors next to model.safetensors.
+the weights of every N-th step as step-N.safetensors next to model.safetensors. The forward is compiled
+(inductor) unless `--eager`: the same maths, a faster step, so more steps in the same minutes.
 
 Usage: python scripts/train_tiny_model.py [--minutes 28 | --steps 6000] [--out models/tiny-llada-chat]
-       [--seed 0] [--init DIR] [--lr 3e-3] [--checkpoint-every 500]
+       [--seed 0] [--init DIR] [--lr 3e-3] [--batch 32] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ from scripts.tiny_chat_corpus import (
 )
 
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
-BATCH = 64
+# 32 rows a step: in the same 29 minutes here (4 December, compiled step) batch 64 ran 5,047 steps and got 66.2%
+# of the held-out phrasings right, batch 32 7,963 steps and 78.0%, batch 16 14,938 steps and 58.5%
+# (models/tiny-llada-chat/README.md): more, noisier updates pay off down to 32.
+BATCH = 32
 LR, LR_FLOOR, WARMUP_STEPS = 3e-3, 0.05, 100
 # Decoupled weight decay on matrices. 0.01 let the model memorise each phrasing separately (train loss 0.002,
 # held-out arithmetic 53%); stronger decay favours one shared rule per operation.
@@ -88,8 +92,8 @@ class Batcher:
     meets every canvas length.
     """
 
-    def __init__(self, tok: ChatTokenizer, rng: random.Random, seed: int):
-        self.tok, self.rng = tok, rng
+    def __init__(self, tok: ChatTokenizer, rng: random.Random, seed: int, batch: int = BATCH):
+        self.tok, self.rng, self.batch = tok, rng, batch
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
@@ -165,15 +169,16 @@ class Batcher:
         if not self.queue:
             n_long = round(GROUP * LONG_SHARE)
             for long, n_batches in ((False, GROUP - n_long), (True, n_long)):
-                rows = sorted((self._row(long) for _ in range(BATCH * n_batches)), key=lambda r: len(r[0]) + len(r[1]))
-                self.queue += [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
+                drawn = (self._row(long) for _ in range(self.batch * n_batches))
+                rows = sorted(drawn, key=lambda r: len(r[0]) + len(r[1]))
+                self.queue += [rows[i : i + self.batch] for i in range(0, len(rows), self.batch)]
             self.rng.shuffle(self.queue)
         rows = self.queue.pop()
         width = max(len(p) + len(r) for p, r, _ in rows)
-        ids = torch.full((BATCH, width), self.tok.eos_id, dtype=torch.long)
-        attn = torch.zeros((BATCH, width), dtype=torch.long)
-        in_response = torch.zeros((BATCH, width), dtype=torch.bool)
-        weight = torch.zeros((BATCH, width))
+        ids = torch.full((len(rows), width), self.tok.eos_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        in_response = torch.zeros((len(rows), width), dtype=torch.bool)
+        weight = torch.zeros((len(rows), width))
         for i, (prompt, response, n_real) in enumerate(rows):
             seq = prompt + response
             start = width - len(seq)
@@ -183,9 +188,9 @@ class Batcher:
             in_response[i, r0:] = True
             weight[i, r0:] = EOS_PAD_WEIGHT
             weight[i, r0 : r0 + n_real] = 1.0
-        t = torch.rand((BATCH, 1), generator=self.gen)
+        t = torch.rand((len(rows), 1), generator=self.gen)
         p_mask = (1 - EPS) * t + EPS
-        masked = in_response & (torch.rand((BATCH, width), generator=self.gen) < p_mask)
+        masked = in_response & (torch.rand((len(rows), width), generator=self.gen) < p_mask)
         targets = ids[masked]
         noisy = ids.masked_fill(masked, self.tok.mask_id)
         return noisy, (attn if (attn == 0).any() else None), LogitIndex.from_mask(masked), targets, weight[masked]
@@ -212,6 +217,16 @@ def init_weights(model: LLaDAModelLM) -> None:
             torch.nn.init.normal_(p, std=0.02 / depth_scale if residual_out else 0.02)
 
 
+def compiled_for_training(model: LLaDAModelLM):
+    """The model's forward compiled by inductor for every batch width (one dynamic graph per attention-mask
+    case). Fusing the norms, rotary products and activations makes a step about 1.3x faster here, compile time
+    (about 2 minutes cold, 30 s with the on-disk cache) included in the budget.
+    The rotary table is built first and long enough for any row: a graph traced while it is missing or short
+    builds it as a side effect and recompiles at the next call."""
+    model.rotary.get(model.config.max_sequence_length, next(model.parameters()).device)
+    return torch.compile(model, dynamic=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=28.0, help="wall-clock training budget")
@@ -222,6 +237,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=LR, help="peak learning rate")
     ap.add_argument("--checkpoint-every", type=int, default=0, help="also keep step-N.safetensors every N steps")
     ap.add_argument("--eval-every-s", type=float, default=EVAL_EVERY_S, help="probe evaluation period (0: never)")
+    ap.add_argument("--batch", type=int, default=BATCH, help="rows per step")
+    ap.add_argument("--eager", action="store_true", help="do not compile the training forward (slower, same maths)")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -261,6 +278,7 @@ def main() -> None:
     if args.init is not None:
         model.load_state_dict(load_file(str(args.init / "model.safetensors")))
     model.train()
+    forward = model if args.eager else compiled_for_training(model)
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -268,7 +286,7 @@ def main() -> None:
         lr=LR,
         betas=(0.9, 0.98),
     )
-    batcher = Batcher(tok, rng, args.seed)
+    batcher = Batcher(tok, rng, args.seed, args.batch)
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"
@@ -290,7 +308,7 @@ def main() -> None:
         noisy, attn, index, targets, weight = batcher.draw()
         if targets.numel() == 0:
             continue
-        logits = model(noisy, attn, logit_index=index)
+        logits = forward(noisy, attn, logit_index=index)
         ce = F.cross_entropy(logits.float(), targets, reduction="none")
         loss = (ce * weight).sum() / weight.sum()
         opt.zero_grad(set_to_none=True)

@@ -1,0 +1,102 @@
+"""What one training step of the embedded model's recipe costs, eager against compiled (issue 28).
+
+The recipe's budget is minutes, so a faster step is more training. This times `scripts/train_tiny_model.py`'s
+own step (its Batcher, model, loss and AdamW) on the same pre-drawn batches, in one process:
+
+  eager       the model's forward and backward as PyTorch runs them
+  compiled    the trainer's default: `compiled_for_training` (inductor, one dynamic graph per mask case)
+
+Each variant trains its own copy of the same initial weights; the first `--warm` steps (the compile) are
+timed apart from the `--steps` after them. Rounds alternate the variants (eager, compiled, eager, ...), so a
+noisy machine slows both alike; the ratio is of medians. The losses of the two after the same batches are
+printed too: compiling changes the order of floating-point sums, not the maths.
+
+Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the trainer sets it
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.tokenizer import ChatTokenizer  # noqa: E402
+from scripts import train_tiny_model as trainer  # noqa: E402
+
+MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat"
+
+
+def train(forward, model, batches) -> tuple[list[float], float]:
+    """Train on `batches`; the losses and the seconds it took."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    losses = []
+    start = time.perf_counter()
+    for noisy, attn, index, targets, weight in batches:
+        logits = forward(noisy, attn, logit_index=index)
+        loss = (F.cross_entropy(logits.float(), targets, reduction="none") * weight).sum() / weight.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return losses, time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per variant and round")
+    ap.add_argument("--warm", type=int, default=10, help="steps before timing (the compile happens here)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=trainer.BATCH)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+
+    from engine.config import LLaDAConfig
+    from engine.model import LLaDAModelLM
+
+    config = LLaDAConfig.from_file(MODEL_DIR / "config.json")
+    tok = ChatTokenizer.from_pretrained(MODEL_DIR, config)
+    batcher = trainer.Batcher(tok, random.Random(0), 0, args.batch)
+    batches = [batcher.draw() for _ in range(args.warm + args.steps)]
+    initial = LLaDAModelLM(config)
+    trainer.init_weights(initial)
+
+    variants = {"eager": lambda m: m, "compiled": trainer.compiled_for_training}
+    models, forwards, times = {}, {}, {name: [] for name in variants}
+    first_losses = {}
+    for name, wrap in variants.items():  # warm-up round: the compile, and the losses compared below
+        models[name] = copy.deepcopy(initial).train()
+        forwards[name] = wrap(models[name])
+        losses, seconds = train(forwards[name], models[name], batches[: args.warm])
+        first_losses[name] = losses
+        print(f"{name:9s} warm-up {args.warm} steps: {seconds:6.1f} s", flush=True)
+    for _ in range(args.rounds):
+        for name in variants:
+            _, seconds = train(forwards[name], models[name], batches[args.warm :])
+            times[name].append(args.steps / seconds)
+    print(f"\nbatch {args.batch}, {args.steps} steps x {args.rounds} rounds, 2 threads (median steps/s):")
+    eager = statistics.median(times["eager"])
+    for name in variants:
+        rate = statistics.median(times[name])
+        rounds = ", ".join(f"{r:.2f}" for r in times[name])
+        print(f"  {name:9s} {rate:5.2f} steps/s   {rate / eager:4.2f}x eager   rounds: {rounds}")
+    diff = max(abs(a - b) for a, b in zip(first_losses["eager"], first_losses["compiled"]))
+    print(f"largest loss difference over the first {args.warm} steps, eager vs compiled: {diff:.2e}")
+
+
+if __name__ == "__main__":
+    main()
