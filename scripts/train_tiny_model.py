@@ -219,8 +219,8 @@ def init_weights(model: LLaDAModelLM) -> None:
 
 def compiled_for_training(model: LLaDAModelLM):
     """The model's forward compiled by inductor for every batch width (one dynamic graph per attention-mask
-    case). Fusing the norms, rotary products and activations makes a step about 1.3x faster here, compile time
-    (about 2 minutes cold, 30 s with the on-disk cache) included in the budget.
+    case). Fusing the norms, rotary products and activations makes a step 1.25x faster at batch 32 here
+    (benchmarks/train_step.py); the compile (1-2 minutes cold, 20 s with the on-disk cache) is inside the budget.
     The rotary table is built first and long enough for any row: a graph traced while it is missing or short
     builds it as a side effect and recompiles at the next call."""
     model.rotary.get(model.config.max_sequence_length, next(model.parameters()).device)
