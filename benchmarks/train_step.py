@@ -1,7 +1,8 @@
 """What one training step of the embedded model's recipe costs, eager against compiled (issue 28).
 
 The recipe's budget is minutes, so a faster step is more training. This times `scripts/train_tiny_model.py`'s
-own step (its Batcher, model, loss and AdamW) on the same pre-drawn batches, in one process:
+own step (`train_step`: its loss, backward, clipping and optimiser step; its Batcher, model and an AdamW)
+on the same pre-drawn batches, in one process:
 
   eager       the model's forward and backward as PyTorch runs them
   compiled    the trainer's default: `compiled_for_training` (inductor, one dynamic graph per mask case)
@@ -11,7 +12,7 @@ timed apart from the `--steps` after them. Rounds alternate the variants (eager,
 noisy machine slows both alike; the ratio is of medians. The losses of the two after the same batches are
 printed too: compiling changes the order of floating-point sums, not the maths.
 
-Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 64]
+Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 32]
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the trainer sets it
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.config import LLaDAConfig  # noqa: E402
+from engine.model import LLaDAModelLM  # noqa: E402
 from engine.tokenizer import ChatTokenizer  # noqa: E402
 from scripts import train_tiny_model as trainer  # noqa: E402
 
@@ -39,18 +41,10 @@ MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat
 
 
 def train(forward, model, batches) -> tuple[list[float], float]:
-    """Train on `batches`; the losses and the seconds it took."""
+    """The trainer's step on each of `batches`; the losses and the seconds it took."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
-    losses = []
     start = time.perf_counter()
-    for noisy, attn, index, targets, weight in batches:
-        logits = forward(noisy, attn, logit_index=index)
-        loss = (F.cross_entropy(logits.float(), targets, reduction="none") * weight).sum() / weight.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+    losses = [trainer.train_step(forward, model, opt, batch) for batch in batches]
     return losses, time.perf_counter() - start
 
 
@@ -64,9 +58,6 @@ def main() -> None:
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
-
-    from engine.config import LLaDAConfig
-    from engine.model import LLaDAModelLM
 
     config = LLaDAConfig.from_file(MODEL_DIR / "config.json")
     tok = ChatTokenizer.from_pretrained(MODEL_DIR, config)

@@ -227,6 +227,19 @@ def compiled_for_training(model: LLaDAModelLM):
     return torch.compile(model, dynamic=True)
 
 
+def train_step(forward, model: LLaDAModelLM, opt: torch.optim.Optimizer, batch) -> float:
+    """One optimiser step on a `Batcher.draw()` batch (`forward`: the model or its compiled form); its loss."""
+    noisy, attn, index, targets, weight = batch
+    logits = forward(noisy, attn, logit_index=index)
+    ce = F.cross_entropy(logits.float(), targets, reduction="none")
+    loss = (ce * weight).sum() / weight.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=28.0, help="wall-clock training budget")
@@ -305,18 +318,12 @@ def main() -> None:
         lr = args.lr * min(1.0, (step + 1) / WARMUP_STEPS) * cosine
         for group in opt.param_groups:
             group["lr"] = lr
-        noisy, attn, index, targets, weight = batcher.draw()
-        if targets.numel() == 0:
+        batch = batcher.draw()
+        if batch[3].numel() == 0:  # no target: no position was masked, nothing to learn
             continue
-        logits = forward(noisy, attn, logit_index=index)
-        ce = F.cross_entropy(logits.float(), targets, reduction="none")
-        loss = (ce * weight).sum() / weight.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(forward, model, opt, batch)
         step += 1
-        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        running = loss if running is None else 0.98 * running + 0.02 * loss
         now = time.time()
         if now - last_print >= PROGRESS_EVERY_S:
             rate = step / (now - start)
