@@ -144,8 +144,12 @@ BEFORE = (
      "What number is just before {a}?", "before {a}"],
     ["What's the number before {a}?", "Tell me what comes before {a}."],
 )  # fmt: skip
+# The word also stands inside the sentence ("Spell {w} for me."): with it always last, the model learned to
+# spell the prompt's last word, and "How is {w} spelled?" got garbled letters ("t-i-l-." for table) or the
+# help answer (held-out spell 46-77% in the runs of 4 December; models/tiny-llada-chat/README.md).
 SPELL = (
-    ["Spell {w}.", "How do you spell {w}?", "Spell the word {w}.", "Spell out {w}.", "spell {w}", "Can you spell {w}?"],
+    ["Spell {w}.", "How do you spell {w}?", "Spell the word {w}.", "Spell out {w}.", "spell {w}", "Can you spell {w}?",
+     "Spell {w} for me.", "Spell {w}, please.", "Write {w} letter by letter."],
     ["How is {w} spelled?", "Please spell {w}."],
 )  # fmt: skip
 # Quoted spans are exact token copies; unquoted ones ("Repeat after me: green") start with the word's
@@ -244,17 +248,19 @@ INSTRUCTIONS = [
 
 
 # Sampling weight of each family in training: the families that need arithmetic-like structure
-# (plus/minus, compare over three numbers, counting, spelling) get more steps; they are the slowest to learn.
+# (plus/minus, compare over three numbers, spelling) and the copy tasks (repeat, name) get more steps; they are
+# the slowest to learn. Moving weight from compare, count and sentence (>= 94% at batch 32) to repeat, name
+# and successor (38-79%) took a 29-minute run from 78.0% to 82.0% of new phrasings (4 December).
 FAMILY_WEIGHTS = {
     "arithmetic": 3.0,
-    "compare": 2.0,
-    "count": 1.5,
-    "successor": 1.0,
-    "spell": 1.5,
+    "compare": 1.25,
+    "count": 1.0,
+    "successor": 1.5,
+    "spell": 2.0,
     "facts": 0.5,
-    "repeat": 1.5,
-    "name": 1.25,
-    "sentence": 1.0,
+    "repeat": 3.0,
+    "name": 2.0,
+    "sentence": 0.75,
     "small_talk": 0.75,
     "out_of_range": 2.0,
     "help": 0.75,
