@@ -25,6 +25,7 @@ from server.connections import connection_stats, install_connection_guard
 from server.drain import Drain
 from server.index_page import SERVICE_DESCRIPTION, DescribedService, add_bentoml_explorer
 from server.logs import configure_logging
+from server.metrics_labels import EndpointLabels, install_route_labels
 from server.middleware import RequestGuard, install_response_start_timeout
 from server.settings import ServerSettings
 
@@ -135,3 +136,5 @@ if settings.cors_origins:
 # The routes of BentoML's own API run the engine: they take the API key, and answer in the server's envelope.
 native_routes = frozenset(method.route for method in DiffusionLLMService.apis.values())
 DiffusionLLMService.add_asgi_middleware(RequestGuard, drain=drain, settings=settings, native_routes=native_routes)
+# BentoML's request metrics are labelled by the route that served them, not by the path a client sent.
+install_route_labels(EndpointLabels(app.routes, own_paths=native_routes))

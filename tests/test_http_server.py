@@ -249,3 +249,33 @@ def test_metrics_expose_the_engine_statistics(http):
     assert values["dllm_requests_total"] >= 1 and values["dllm_forward_passes_total"] >= 1
     assert values["dllm_batch_size_count"] == values["dllm_forward_passes_total"]
     assert "bentoml_service_request_total" in text  # BentoML's own metrics are still there
+
+
+def test_metrics_label_routes_not_raw_paths(http):
+    """Any path a client sends, a scan or a fuzzer's bytes, must not become a series of its own in /metrics:
+    the label set would grow without bound, and control bytes in /metrics make a browser download it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def unmatched_404s() -> float:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        requests = next(f for f in families if f.name == "bentoml_service_request")  # the counter's family
+        return sum(
+            s.value
+            for s in requests.samples
+            if s.labels.get("endpoint") == "(unmatched)" and s.labels.get("http_response_code") == "404"
+        )
+
+    before = unmatched_404s()
+    strays = ["/scan/%1B%01", "/wp-login.php", "/random-path-12345"]
+    for path in strays:
+        assert http.get(path).status_code == 404
+    # A routed path with a parameter still reaches its route (the app sees the request's own path).
+    assert http.get("/v1/models/tiny-llada-chat").json()["id"] == "tiny-llada-chat"
+    assert http.get("/v1/models/%1Bnot-a-model").status_code == 404
+    text = http.get("/metrics").text
+    assert unmatched_404s() == before + len(strays)
+    endpoints = {s.labels["endpoint"] for f in text_string_to_metric_families(text) for s in f.samples
+                 if "endpoint" in s.labels}
+    assert "/v1/models/{model:path}" in endpoints and "/v1/models/tiny-llada-chat" not in endpoints
+    assert not any(path in endpoints for path in ("/wp-login.php", "/random-path-12345"))
+    assert all(character.isprintable() for character in text.replace("\n", "")), "control bytes in /metrics"
