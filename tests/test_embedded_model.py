@@ -276,6 +276,16 @@ def test_training_prompts_are_varied_but_never_into_a_heldout_prompt():
     assert not [v for _, v in changed if normalized_prompt(v) in heldout]
 
 
+def test_the_trainers_mask_ratios_span_every_slice_of_the_range_in_each_batch():
+    import torch
+
+    from scripts.train_tiny_model import stratified_ratios
+
+    ratios = stratified_ratios(32, torch.Generator().manual_seed(0))
+    assert sorted((ratios * 32).floor().int().tolist()) == list(range(32))  # one in each 1/32 of [0, 1)
+    assert ratios.tolist() != sorted(ratios.tolist())  # in random order, not by row
+
+
 def test_heldout_list_is_deterministic():
     assert [e.key for e in heldout_examples(50)] == [e.key for e in heldout_examples(50)]
 
