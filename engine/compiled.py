@@ -7,7 +7,9 @@ are dummies), lengths rounded up (to 32 up to 64, then to 128), the key window t
 and the candidates per row to a multiple of 32. Padding never reaches a real row: padded positions are
 hidden keys, dummy rows see only themselves, and the logits of padded candidates are dropped after the graph.
 
-On CPU the graph is inductor's (fused C++ kernels); on CUDA it is also captured as a CUDA graph per bucket
+On CPU the graph is inductor's (fused C++ kernels), called through its C++ wrapper rather than its Python one:
+one cached dual step 1.55x eager instead of 1.36x at batch 1, 1.27x instead of 1.21x at batch 8
+(benchmarks/compiled_step.py, docs/benchmarks.md). On CUDA it is also captured as a CUDA graph per bucket
 (mode "reduce-overhead"), which is what removes the per-kernel launch cost. The KV pool, which the graph
 writes in place, is marked as a static input so the capture may keep its address.
 
@@ -70,12 +72,14 @@ class StaticShapes:
 
     def __init__(self, model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES):
         device = next(model.parameters()).device
-        mode = "reduce-overhead" if device.type == "cuda" else None
         self.on_cuda = device.type == "cuda"
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         for limit in ("recompile_limit", "accumulated_recompile_limit"):  # process-wide settings: only raised
             setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), MAX_GRAPHS))
-        self._compiled = torch.compile(_forward, dynamic=False, mode=mode)
+        if self.on_cuda:
+            self._compiled = torch.compile(_forward, dynamic=False, mode="reduce-overhead")
+        else:  # inductor's C++ wrapper calls the kernels without Python in between (a mode excludes options)
+            self._compiled = torch.compile(_forward, dynamic=False, options={"cpp_wrapper": True})
         self.shapes: set[tuple] = set()
         self.warmed_up = False
         self.recompiles = 0
