@@ -6,20 +6,21 @@ request's path as sent. Any client then adds series at will: every distinct path
 bound), and its bytes, control characters included, are copied into /metrics. A browser that opens /metrics
 after such a request sniffs those bytes as binary and downloads the page instead of showing it.
 
-`EndpointLabels` maps a path to the template of the route that serves it (`/v1/models/{model}`), a path
-BentoML itself serves to itself, and anything else to `UNMATCHED`, so the label set is as small as the
-route table. `install_route_labels` makes BentoML build its middleware with that label; like
-server/middleware.py's `install_response_start_timeout`, it replaces a class in a BentoML internal module
-and refuses to start if that class has moved or changed shape.
+`EndpointLabels` maps a path to the template of the route that serves it (`/v1/models/{model:path}`), keeps
+the paths BentoML serves itself as they are, and maps anything else to `UNMATCHED`, so the label set is as
+small as the route table. `install_route_labels` makes BentoML build its middleware with that label, replacing
+the class in BentoML's internal module (server/bentoml_internals.py: it refuses to start if that class has
+moved or changed shape).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Iterator
 
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.bentoml_internals import bentoml_class
 
 # Every path that no route serves (a 404) shares this label.
 UNMATCHED = "(unmatched)"
@@ -69,11 +70,11 @@ def route_labelled(base: type, labels: EndpointLabels) -> type:
     class RouteLabelledMetrics(base):  # type: ignore[misc, valid-type]
         # `base` records the label from `scope["path"]` and then calls the app with the scope it was given: it
         # gets a copy carrying the label, and the app below gets the request's own scope back.
-        def __init__(self, app: ASGIApp, **options: object) -> None:
+        def __init__(self, app: ASGIApp, namespace: str, skip_paths: list[str]) -> None:
             async def with_original_scope(scope: Scope, receive: Receive, send: Send) -> None:
                 await app(scope.get(ORIGINAL_SCOPE, scope), receive, send)
 
-            super().__init__(with_original_scope, **options)
+            super().__init__(with_original_scope, namespace=namespace, skip_paths=skip_paths)
 
         async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] in ("http", "websocket"):
@@ -89,20 +90,10 @@ def install_route_labels(labels: EndpointLabels) -> None:
     """Make BentoML build its traffic-metrics middleware with route labels. BentoML 1.4 imports
     `bentoml._internal.server.http.instruments.RunnerTrafficMetricsMiddleware` when it creates the app (after
     the service module is imported) and constructs it as `(app, namespace=..., skip_paths=...)`."""
-    try:
-        from bentoml._internal.server.http import instruments
-    except ImportError as error:
-        raise RuntimeError(
-            f"BentoML's metrics middleware module moved ({error}): its endpoint label cannot be bounded; check "
-            "server/metrics_labels.py against the installed BentoML version"
-        ) from None
-    current = getattr(instruments, "RunnerTrafficMetricsMiddleware", None)
-    if current is None or list(inspect.signature(current).parameters)[:3] != ["app", "namespace", "skip_paths"]:
-        raise RuntimeError(
-            "BentoML's RunnerTrafficMetricsMiddleware is gone or takes other arguments than (app, namespace, "
-            "skip_paths): its endpoint label cannot be bounded; check server/metrics_labels.py against the "
-            "installed BentoML version"
-        )
+    instruments, current = bentoml_class(
+        "bentoml._internal.server.http.instruments", "RunnerTrafficMetricsMiddleware",
+        ["app", "namespace", "skip_paths"], "RouteLabelledMetrics", "server/metrics_labels.py",
+    )  # fmt: skip
     base = getattr(current, "labelled_base", current)  # installing twice wraps BentoML's class, not ours
     labelled = route_labelled(base, labels)
     labelled.labelled_base = base

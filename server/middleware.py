@@ -8,7 +8,6 @@ disconnects.
 from __future__ import annotations
 
 import asyncio
-import inspect
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -17,6 +16,7 @@ from api.errors import error_response
 from api.middleware import RequestContextMiddleware
 from api.settings import key_matches
 from schemas.errors import APIError
+from server.bentoml_internals import bentoml_class
 from server.drain import Drain
 from server.native import REFUSAL_KEY, ErrorEnvelope
 from server.settings import ServerSettings
@@ -205,20 +205,12 @@ def install_response_start_timeout() -> None:
     That is an internal: if it moves or changes shape, this fails the import of the service with a
     message rather than silently leaving the leaking version in place.
     """
-    try:
-        from bentoml._internal.server.http import traffic
-    except ImportError as error:
-        raise RuntimeError(
-            f"BentoML's traffic middleware module moved ({error}): ResponseStartTimeout cannot replace its "
-            "TimeoutMiddleware; check server/middleware.py against the installed BentoML version"
-        ) from None
-    current = getattr(traffic, "TimeoutMiddleware", None)
-    if current is ResponseStartTimeout:
-        return
-    if current is None or list(inspect.signature(current).parameters)[:2] != ["app", "timeout"]:
-        raise RuntimeError(
-            "BentoML's TimeoutMiddleware is gone or takes other arguments than (app, timeout): "
-            "ResponseStartTimeout cannot replace it; check server/middleware.py against the installed BentoML version"
-        )
+    traffic, _ = bentoml_class(
+        "bentoml._internal.server.http.traffic",
+        "TimeoutMiddleware",
+        ["app", "timeout"],
+        "ResponseStartTimeout",
+        "server/middleware.py",
+    )
     # Replacing the class is the point: type checkers object to assigning to a class name.
     traffic.TimeoutMiddleware = ResponseStartTimeout  # type: ignore[misc, assignment]

@@ -72,3 +72,22 @@ def test_the_metrics_see_the_label_and_the_app_sees_the_request(labels):
     assert middleware.recorded == ["/v1/models/{model:path}", "/v1/chat/completions", UNMATCHED]
     asyncio.run(middleware({"type": "lifespan"}, None, None))  # not a request: passed through as it is
     assert seen[-1] == {"type": "lifespan"}
+
+
+def test_route_labels_are_installed_in_bentomls_place_or_fail_loudly(monkeypatch, labels):
+    from bentoml._internal.server.http import instruments
+
+    import service  # noqa: F401 - importing the service installs them
+    from server.metrics_labels import install_route_labels
+
+    installed = instruments.RunnerTrafficMetricsMiddleware
+    assert installed.__name__ == "RouteLabelledMetrics"
+    install_route_labels(labels)  # a second install wraps BentoML's class again, not the first wrapper
+    assert instruments.RunnerTrafficMetricsMiddleware.labelled_base is installed.labelled_base
+
+    class Reshaped:  # what a BentoML release that changed the internal might ship
+        def __init__(self, app, *, prefix): ...
+
+    monkeypatch.setattr(instruments, "RunnerTrafficMetricsMiddleware", Reshaped)
+    with pytest.raises(RuntimeError, match="RouteLabelledMetrics cannot replace it"):
+        install_route_labels(labels)
