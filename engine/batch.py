@@ -20,7 +20,7 @@ from itertools import chain
 import torch
 
 from engine.block_sampler import BlockDiffusionRequest
-from engine.compiled import static_shapes_of
+from engine.compiled import compiled_forward_for
 from engine.kv_slots import kv_slots
 from engine.model import KVFrame, LLaDAModelLM, LogitIndex
 from engine.sampler import DenoisingRequest, StepEvent
@@ -96,10 +96,10 @@ def _candidate_grid(columns: list[list[int]]) -> tuple[list[int], list[int], int
 def _full_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     """Every row computes its whole (left-padded) canvas: the reference path.
 
-    With a compiled model (engine/compiled.py) the step is padded into its bucket: more left padding, dummy
-    rows (pads that see only their last column) and a wider candidate grid; the padding stays hidden.
+    With a compiled model (engine/compiled.py) a short canvas is padded into its bucket: more left padding,
+    dummy rows (pads that see only their last column) and a wider candidate grid; the padding stays hidden.
     """
-    static = static_shapes_of(model)
+    static = compiled_forward_for(model, width)
     batch, dummies = len(rows), 0
     if static is not None:
         width = static.length(width)
@@ -156,7 +156,8 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     only its column 0, so it computes finite garbage and changes nothing.
     """
     del width  # the pool's columns are canvas positions: nothing is left-padded
-    static = static_shapes_of(model)
+    computed = max(row.end - row.start for row in rows)
+    static = compiled_forward_for(model, computed)
     slots = kv_slots(model)
     requests = [row.request for row in rows]
     temporary = []
@@ -175,7 +176,6 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     by_frame_row: list[_Row | None] = [None] * batch
     for row in rows:
         by_frame_row[frame_row[id(row.request)]] = row
-    computed = max(row.end - row.start for row in rows)
     key_width = max(request.length for request in requests)
     if static is not None:
         computed, key_width = static.length(computed), slots.width

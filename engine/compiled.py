@@ -7,6 +7,13 @@ are dummies), lengths rounded up (to 32 up to 64, then to 128), the key window t
 and the candidates per row to a multiple of 32. Padding never reaches a real row: padded positions are
 hidden keys, dummy rows see only themselves, and the logits of padded candidates are dropped after the graph.
 
+Only short forwards run compiled: at most `COMPILED_SPAN` (64) positions per row, a cached step over its block.
+Those are the steps whose cost is overhead (a kernel call per operator for little arithmetic), which a graph
+removes. A longer forward (a whole canvas: the uncached step, a block's first forward with a cache, the
+prefix cache's query to the canvas's end) is arithmetic: a graph saves little on it, and its bucket (lengths
+rounded up to 128, the key window to the pool's width) costs more than that, so it runs eagerly (measured:
+docs/benchmarks.md, "Only the short forwards compiled").
+
 On CPU the graph is inductor's (fused C++ kernels), called through its C++ wrapper rather than its Python one:
 one cached dual step 1.55x eager instead of 1.36x at batch 1, 1.27x instead of 1.21x at batch 8
 (benchmarks/compiled_step.py, docs/benchmarks.md). On CUDA it is also captured as a CUDA graph per bucket
@@ -42,6 +49,8 @@ CANDIDATE_QUANTUM = 32
 # compiling and runs every further shape eagerly, padded, without a word but one log line. A warm-up of
 # batch 1 and 8 with all three cache modes already needs 12.
 MAX_GRAPHS = 256
+# The most positions per row a compiled forward computes; longer forwards run eagerly (module docstring).
+COMPILED_SPAN = 64
 
 
 def round_up(value: int, quantum: int) -> int:
@@ -70,7 +79,8 @@ class StaticShapes:
     as a recompile (`recompiles`), the number /metrics exposes: it should stay 0 once warm-up covers the traffic.
     """
 
-    def __init__(self, model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES):
+    def __init__(self, model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES, max_span: int = COMPILED_SPAN):
+        self.max_span = max_span
         device = next(model.parameters()).device
         self.on_cuda = device.type == "cuda"
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
@@ -84,6 +94,10 @@ class StaticShapes:
         self.warmed_up = False
         self.recompiles = 0
         self._lock = threading.Lock()
+
+    def serves(self, positions_per_row: int) -> bool:
+        """Whether a forward computing this many positions per row runs compiled (else eagerly, unpadded)."""
+        return positions_per_row <= self.max_span
 
     def batch(self, rows: int) -> int:
         return next((size for size in self.batch_sizes if size >= rows), rows)
@@ -121,9 +135,17 @@ def static_shapes_of(model) -> StaticShapes | None:
     return getattr(model, "_static_shapes", None)
 
 
-def compile_static(model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> StaticShapes:
+def compiled_forward_for(model, positions_per_row: int) -> StaticShapes | None:
+    """The compiled forward that serves a forward of this many positions per row, or None: run it eagerly."""
+    static = static_shapes_of(model)
+    return static if static is not None and static.serves(positions_per_row) else None
+
+
+def compile_static(
+    model, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES, max_span: int = COMPILED_SPAN
+) -> StaticShapes:
     """Give `model` a compiled static-shape forward (engine/batch.py pads its steps for it)."""
     model.rotary.fill(model.rotary.initial_length, next(model.parameters()).device)
-    static = StaticShapes(model, batch_sizes)
+    static = StaticShapes(model, batch_sizes, max_span)
     object.__setattr__(model, "_static_shapes", static)  # a plain attribute, not a submodule
     return static

@@ -7,8 +7,11 @@ PyTorch's on-disk cache keeps the compiled code, so a restart only re-traces.
 
 What a plan covers: for every batch bucket and every cache mode, the block's first forward and (with a cache)
 a cached step, at one prompt length and canvas; with the prefix cache, in every block (its cached query
-runs to the canvas's end, so it shrinks block by block). A request of another length shares a bucket when its
-lengths round to the same ones (engine/compiled.py's `length_bucket`); one that does not compiles its
+runs to the canvas's end, so it shrinks block by block). Only forwards of at most 64 positions per row run
+compiled (engine/compiled.py's `COMPILED_SPAN`): the longer ones a plan steps run eagerly and compile nothing.
+Compiled, a plan also steps a whole short canvas (an 8-token prompt, a canvas of 32 and of 64 positions), the
+shape of a short question with a short answer and no cache. A request of another length shares a bucket when
+its lengths round to the same ones (engine/compiled.py's `length_bucket`); one that does not compiles its
 shapes when first seen, and /metrics counts that (dllm_compile_recompiles_total).
 
 Settings (read by `WarmUpPlan.from_env`): DLLM_WARMUP_BATCH_SIZES (comma-separated; default the powers of
@@ -29,6 +32,7 @@ from engine.kv_slots import kv_slots
 from engine.params import SamplingParams
 
 WARM_UP_BLOCK = 32
+SHORT_PROMPT = 8  # the prompt of the short-canvas warm-up requests
 MAX_RESERVED_LENGTH = 1024
 
 
@@ -92,17 +96,27 @@ def run_warm_up(engine, plan: WarmUpPlan) -> None:
                 kv_cache=mode,
                 early_exit=False,
             )
-            try:
-                requests = [engine.new_request(prompt_token_ids=prompt, params=params) for _ in range(size)]
-            except InvalidParameter:  # a mode this family refuses (or a plan too large for its budget)
-                continue
-            try:
-                # none: the whole canvas, the same shape at every step; dual: the block's first forward and a
-                # cached step, the same for every block; prefix: every block, as its cached query (the block
-                # to the canvas's end) shrinks through the length buckets.
-                steps = {"none": 1, "dual": 2, "prefix": params.num_denoising_steps}[mode]
-                for _ in range(steps):
-                    engine.step(requests)
-            finally:
-                for request in requests:
-                    request.release()
+            # none: the whole canvas, the same shape at every step; dual: the block's first forward and a
+            # cached step, the same for every block; prefix: every block, as its cached query (the block to the
+            # canvas's end) shrinks through the length buckets.
+            steps = {"none": 1, "dual": 2, "prefix": params.num_denoising_steps}[mode]
+            _step_through(engine, size, prompt, params, steps)
+        if static is not None:  # short canvases (a short prompt and answer) run compiled too, uncached or not
+            for canvas in range(32, static.max_span + 1, 32):  # the longest canvas of each length bucket
+                short = canvas - SHORT_PROMPT
+                params = SamplingParams(gen_length=short, block_length=short, num_denoising_steps=1, early_exit=False)
+                _step_through(engine, size, prompt[:SHORT_PROMPT], params, 1)
+
+
+def _step_through(engine, size: int, prompt: list[int], params: SamplingParams, steps: int) -> None:
+    """`steps` steps of `size` synthetic requests, then their resources back; a mode the family refuses is skipped."""
+    try:
+        requests = [engine.new_request(prompt_token_ids=prompt, params=params) for _ in range(size)]
+    except InvalidParameter:  # a mode this family refuses (or a plan too large for its budget)
+        return
+    try:
+        for _ in range(steps):
+            engine.step(requests)
+    finally:
+        for request in requests:
+            request.release()

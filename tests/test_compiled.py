@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig
-from engine.compiled import StaticShapes, length_bucket
+from engine.compiled import COMPILED_SPAN, StaticShapes, length_bucket
 from engine.kv_slots import kv_slots
+from engine.model import LogitIndex
 from engine.warm_up import WarmUpPlan, default_batch_sizes
 from server.engine_setup import check_engine_configuration
 from tests import test_dream_kv_cache, test_dream_reference, test_kv_cache, test_reference_generate
@@ -33,6 +34,61 @@ def test_a_batch_runs_in_the_smallest_bucket_that_holds_it():
     static.batch_sizes = (1, 2, 4, 8)
     assert [static.batch(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]  # past the last: its own size
     assert StaticShapes.candidates(3, 32) == 32 and StaticShapes.candidates(40, 384) == 64
+
+
+class EagerBuckets(StaticShapes):
+    """The compiled engine's bucketing with an eager forward in place of the graph: nothing compiles, and the
+    span of every forward that takes the compiled path is recorded."""
+
+    def __init__(self):
+        self.batch_sizes, self.max_span, self.on_cuda = (1, 2, 4, 8), COMPILED_SPAN, False
+        self.shapes, self.recompiles, self.spans = set(), 0, []
+
+    def __call__(self, model, input_ids, attention_mask, logit_index, kv):
+        self.spans.append(input_ids.shape[1])
+        logits = model.forward(input_ids, attention_mask, logit_index=LogitIndex(logit_index.columns), kv=kv)
+        return logits if logit_index.real is None else logits[logit_index.real]
+
+
+def test_only_short_forwards_take_the_compiled_path_and_its_padding_keeps_every_token():
+    """Forwards of at most COMPILED_SPAN positions per row go through the buckets (padded batch, lengths, key
+    window, candidates); whole long canvases run eagerly. Either way the tokens are the eager engine's."""
+    eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    bucketed = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    buckets = EagerBuckets()
+    object.__setattr__(bucketed.model, "_static_shapes", buckets)
+    long_dual = SamplingParams(gen_length=96, block_length=32, kv_cache="dual", temperature=0.0, early_exit=False)
+    short_none = SamplingParams(gen_length=20, block_length=20, temperature=0.0, early_exit=False)
+    long_none = SamplingParams(gen_length=96, block_length=32, temperature=0.0, early_exit=False)
+    spans = {}
+    for name, params in (("long dual", long_dual), ("short none", short_none), ("long none", long_none)):
+        before = len(buckets.spans)
+        for prompts in ([PROMPTS[0]], PROMPTS):  # alone, and two rows of different lengths together
+            outputs = []
+            for engine in (eager, bucketed):
+                requests = [engine.new_request(prompt_token_ids=p, params=params) for p in prompts]
+                while not all(r.finished for r in requests):
+                    engine.step([r for r in requests if not r.finished])
+                outputs.append([list(r.generated) for r in requests])
+                for r in requests:
+                    r.release()
+            assert outputs[0] == outputs[1], name
+        spans[name] = set(buckets.spans[before:])
+    assert spans == {"long dual": {32}, "short none": {32}, "long none": set()}
+    for engine in (eager, bucketed):
+        engine.shutdown()
+
+
+def test_compiled_warm_up_also_covers_short_whole_canvases():
+    """A short question with a short answer and no cache is a whole canvas of 32 or 64 positions: compiled, so
+    warm-up steps one of each bucket (besides the plan's own canvas, 24 positions here)."""
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    buckets = EagerBuckets()
+    object.__setattr__(engine.model, "_static_shapes", buckets)
+    engine.warm_up(dataclasses.replace(TINY_PLAN, batch_sizes=(1,)))
+    # none: the plan's canvas (bucket 32); dual: its first forward and a cached step; then canvases 32 and 64.
+    assert buckets.spans == [32, 32, 32, 32, 64]
+    engine.shutdown()
 
 
 def test_warm_up_settings_are_read_and_checked():
