@@ -14,14 +14,19 @@ once in turn, `--calls` calls each; medians of `--reps`), as ms per forward and 
 
   eager                 model.forward on the real inputs: the eager engine's step (the baseline)
   eager, bucketed       model.forward on the bucketed inputs
-  compiled (current)    torch.compile(_forward, dynamic=False) with the model as an argument
+  compiled, Python wrapper   torch.compile(_forward, dynamic=False) with the model as an argument
   closure               the same graph closing over the model (its parameters no argument of the call)
   freezing              closure + inductor `freezing` (parameters constants, linear weights prepacked)
-  cpp_wrapper           inductor's C++ wrapper instead of its Python one
+  cpp_wrapper           inductor's C++ wrapper instead of its Python one: the engine's configuration
   ... + skip guards     inside torch.compiler.set_stance(skip_guard_eval_unsafe=True)
   key window bucketed   the key window at length_bucket(longest canvas) instead of the pool's width
   arithmetic ceiling    the best config on the real inputs: the step's own arithmetic, fused
   no-op call            a compiled function of the same inputs that does almost nothing: the fixed cost
+  GEMMs alone           the step's matrix products only (every projection, the attention's two products per
+                        layer over the real keys, the LM head at the candidates), back to back into
+                        preallocated outputs: the floor no removal of overhead goes below
+  attention kernel      the step's four attention calls alone (SDPA on the real shapes): the other library
+                        call a graph calls as it is
 
 Every variant's logits are compared with eager's on the same inputs (max |diff|, argmax identical).
 
@@ -47,7 +52,7 @@ import torch  # noqa: E402
 
 from engine import DiffusionEngine, SamplingParams  # noqa: E402
 from engine.batch import _cached_forward, _Row  # noqa: E402
-from engine.compiled import StaticShapes, _forward, length_bucket  # noqa: E402
+from engine.compiled import COMPILED_SPAN, StaticShapes, _forward, length_bucket  # noqa: E402
 from engine.kv_slots import kv_slots  # noqa: E402
 from engine.model import KVFrame, LogitIndex  # noqa: E402
 from engine.warm_up import MAX_RESERVED_LENGTH  # noqa: E402
@@ -60,6 +65,7 @@ class Capture(StaticShapes):
 
     def __init__(self, batch_sizes):
         self.batch_sizes, self.on_cuda, self.calls = tuple(batch_sizes), False, []
+        self.max_span = COMPILED_SPAN
 
     def __call__(self, model, input_ids, attention_mask, logit_index, kv):
         self.calls.append((input_ids, logit_index, kv))
@@ -112,6 +118,49 @@ def capture_step(engine, batch: int, prompts: list[list[int]]):
     return dict(bucketed=bucketed, real=real, keyb=keyb), wanted, shapes
 
 
+def matrix_products(model, batch: int, span: int, keys: int, candidates: int):
+    """A call that does the step's matrix products and nothing else, on random inputs of the step's shapes."""
+    c = model.config
+    d, hidden, heads, head_dim = c.d_model, c.mlp_hidden_size, c.n_heads, c.head_dim
+    rows = batch * span
+    x, h = torch.randn(rows, d), torch.randn(rows, hidden)
+    square = [torch.randn(d, d) for _ in range(4)]  # q, k, v, attention output
+    up = [torch.randn(d, hidden) for _ in range(2)]  # the gated branch and the up projection
+    down, head = torch.randn(hidden, d), torch.randn(d, c.vocab_size)
+    q, k, v = torch.randn(batch * heads, span, head_dim), torch.randn(batch * heads, head_dim, keys), torch.randn(
+        batch * heads, keys, head_dim
+    )
+    out_d, out_h = torch.empty(rows, d), torch.empty(rows, hidden)
+    scores, mixed = torch.empty(batch * heads, span, keys), torch.empty(batch * heads, span, head_dim)
+    hx, logits = torch.randn(batch * candidates, d), torch.empty(batch * candidates, c.vocab_size)
+
+    def products(*_):
+        for _ in range(c.n_layers):
+            for w in square:
+                torch.mm(x, w, out=out_d)
+            for w in up:
+                torch.mm(x, w, out=out_h)
+            torch.mm(h, down, out=out_d)
+            torch.bmm(q, k, out=scores)
+            torch.bmm(scores, v, out=mixed)
+        torch.mm(hx, head, out=logits)
+
+    return products
+
+
+def attention_calls(model, batch: int, span: int, keys: int):
+    """A call that runs the step's attention kernels (one per layer) and nothing else."""
+    c = model.config
+    q = torch.randn(batch, c.n_heads, span, c.head_dim)
+    k, v = torch.randn(batch, c.n_kv_heads, keys, c.head_dim), torch.randn(batch, c.n_kv_heads, keys, c.head_dim)
+
+    def attention(*_):
+        for _ in range(c.n_layers):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    return attention
+
+
 def pick(logits, index):
     return logits if index is None else logits[index]
 
@@ -160,7 +209,8 @@ def main() -> None:
         torch._dynamo.reset()
         inputs, wanted, shapes = capture_step(engine, batch, prompts)
         print(f"\nbatch {batch}: {shapes}")
-        current = compiled(_forward)
+        span, keys, candidates = shapes["real_span"][1], shapes["key_real"], shapes["candidates"][1]
+        python_wrapper = compiled(_forward)
         close = compiled(closure)
         freeze = compiled(closure, freezing=True)
         cpp = compiled(_forward, cpp_wrapper=True)
@@ -174,18 +224,20 @@ def main() -> None:
             "eager": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])), "real"),
             "eager, bucketed": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])),
                                 "bucketed"),  # fmt: skip
-            "compiled (current)": (lambda *t: current(model, *t), "bucketed"),
+            "compiled, Python wrapper": (lambda *t: python_wrapper(model, *t), "bucketed"),
             "closure": (close, "bucketed"),
             "freezing": (freeze, "bucketed"),
-            "cpp_wrapper": (lambda *t: cpp(model, *t), "bucketed"),
+            "cpp_wrapper (the engine's)": (lambda *t: cpp(model, *t), "bucketed"),
             "freezing + cpp_wrapper": (freeze_cpp, "bucketed"),
             "freezing, key window bucketed": (freeze_keyb, "keyb"),
-            "key window bucketed (current config)": (lambda *t: current_keyb(model, *t), "keyb"),
+            "key window bucketed, Python wrapper": (lambda *t: current_keyb(model, *t), "keyb"),
             "freezing, real (arithmetic ceiling)": (freeze_real, "real"),
             "no-op call, model argument": (lambda *t: noop_arg(model, *t), "bucketed"),
             "no-op call, closure": (noop_close, "bucketed"),
+            "GEMMs alone (real shapes)": (matrix_products(model, batch, span, keys, candidates), "real"),
+            "attention kernel alone (real shapes)": (attention_calls(model, batch, span, keys), "real"),
         }
-        skip = ["compiled (current)", "freezing", "freezing + cpp_wrapper", "freezing, key window bucketed",
+        skip = ["compiled, Python wrapper", "freezing", "freezing + cpp_wrapper", "freezing, key window bucketed",
                 "freezing, real (arithmetic ceiling)", "no-op call, closure"]  # fmt: skip
         reference = {}
         with torch.inference_mode():
@@ -203,7 +255,7 @@ def main() -> None:
                     out = call(*inputs[key])
                 out = call(*inputs[key])  # twice: a second call must not recompile either
                 compile_s[name] = time.perf_counter() - started
-                if name.startswith("no-op"):
+                if name.startswith("no-op") or "alone" in name:
                     continue
                 pool_diff = (pool - written).abs().max().item()
                 diff = (out - reference[key]).abs().max().item()

@@ -6,11 +6,13 @@ on the same pre-drawn batches, in one process:
 
   eager       the model's forward and backward as PyTorch runs them
   compiled    the trainer's default: `compiled_for_training` (inductor, one dynamic graph per mask case)
+  compiled, bf16   the same forward under bfloat16 autocast (products in bfloat16, weights and optimiser in
+              float32): what a CPU with AMX might gain (on this one it lost: models/tiny-llada-chat/README.md)
 
 Each variant trains its own copy of the same initial weights; the first `--warm` steps (the compile) are
 timed apart from the `--steps` after them. Rounds alternate the variants (eager, compiled, eager, ...), so a
 noisy machine slows both alike; the ratio is of medians. The losses of the two after the same batches are
-printed too: compiling changes the order of floating-point sums, not the maths.
+printed too: compiling changes the order of floating-point sums, not the maths (bfloat16 changes the rounding).
 
 Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 32]
 """
@@ -40,6 +42,16 @@ from scripts import train_tiny_model as trainer  # noqa: E402
 MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-llada-chat"
 
 
+def in_bfloat16(forward):
+    """`forward` under bfloat16 autocast (the loss, the backward's master weights and the optimiser stay float32)."""
+
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    return autocast_forward
+
+
 def train(forward, model, batches) -> tuple[list[float], float]:
     """The trainer's step on each of `batches`; the losses and the seconds it took."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
@@ -66,7 +78,11 @@ def main() -> None:
     initial = LLaDAModelLM(config)
     trainer.init_weights(initial)
 
-    variants = {"eager": lambda m: m, "compiled": trainer.compiled_for_training}
+    variants = {
+        "eager": lambda m: m,
+        "compiled": trainer.compiled_for_training,
+        "compiled, bf16": lambda m: in_bfloat16(trainer.compiled_for_training(m)),
+    }
     models, forwards, times = {}, {}, {name: [] for name in variants}
     first_losses = {}
     for name, wrap in variants.items():  # warm-up round: the compile, and the losses compared below
@@ -85,8 +101,9 @@ def main() -> None:
         rate = statistics.median(times[name])
         rounds = ", ".join(f"{r:.2f}" for r in times[name])
         print(f"  {name:9s} {rate:5.2f} steps/s   {rate / eager:4.2f}x eager   rounds: {rounds}")
-    diff = max(abs(a - b) for a, b in zip(first_losses["eager"], first_losses["compiled"]))
-    print(f"largest loss difference over the first {args.warm} steps, eager vs compiled: {diff:.2e}")
+    for name in list(variants)[1:]:
+        diff = max(abs(a - b) for a, b in zip(first_losses["eager"], first_losses[name]))
+        print(f"largest loss difference over the first {args.warm} steps, eager vs {name}: {diff:.2e}")
 
 
 if __name__ == "__main__":
