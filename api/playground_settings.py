@@ -63,7 +63,8 @@ def resolved_defaults(engine: Any) -> dict[str, Any]:
     params = SamplingParams.for_model(family).with_model_defaults(family.block_schedule, family.confidence_metric)
     return {
         "max_tokens": params.gen_length,
-        "block_length": family.block_length,  # None: the canvas (one block)
+        # None: decided per request (the canvas, one block; or a LLaDA checkpoint's declared length where it fits)
+        "block_length": family.block_length if family.aligned_blocks else None,
         "num_denoising_steps": None,  # follows the canvas (or the threshold decides)
         "block_schedule": params.block_schedule,
         "confidence_metric": params.confidence_metric,
@@ -89,8 +90,9 @@ def default_notes(engine: Any) -> dict[str, str]:
             "confidence_threshold": f"{family.confidence_threshold}; {family.editing_confidence_threshold} editing",
             "editing_threshold": "off (LLaDA2.0's sampler)",
         }
+    declared = family.block_length
     return {
-        "block_length": "the canvas",
+        "block_length": "the canvas" if declared is None else f"{declared} where it divides the canvas, else the canvas",
         "num_denoising_steps": f"min({DEFAULT_STEPS}, canvas)",
         "seed": "random",
         "confidence_threshold": "off",

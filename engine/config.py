@@ -40,6 +40,8 @@ class SamplerDefaults:
     selects LLaDA2.1's), and `aligned_blocks`: blocks are aligned to position 0 and the canvas is rounded up
     to whole blocks, so the answer's length need not be a multiple of the block length. `fixed_knobs`: the
     knobs the family refuses any setting of (engine/family_rules.py), which a form for it leaves out.
+    A LLaDA checkpoint may declare a block length too (generation_config.json): without aligned blocks it is
+    the default only where it fits the request (`SamplingParams.for_model`).
     """
 
     block_schedule: str
@@ -70,8 +72,6 @@ _REQUIRED_FLAGS = {
 @dataclass(frozen=True)
 class LLaDAConfig:
     family: ClassVar[str] = "llada"
-    # The official generate(): LLaDA's uniform schedule, low-confidence remasking (top-1 probability).
-    sampler_defaults: ClassVar[SamplerDefaults] = SamplerDefaults("uniform", "top1_prob")
 
     d_model: int
     n_heads: int
@@ -85,13 +85,21 @@ class LLaDAConfig:
     mask_token_id: int = LLADA_MASK_ID
     eos_token_id: int = LLADA_EOS_ID
     pad_token_id: int = LLADA_EOS_ID
+    # generation_config.json `block_length`: the block length the checkpoint is meant to be decoded with, the
+    # default of a request that sets none (where it divides the canvas); None: one block, as generate() does.
+    block_length: int | None = None
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def sampler_defaults(self) -> SamplerDefaults:
+        # The official generate(): LLaDA's uniform schedule, low-confidence remasking (top-1 probability).
+        return SamplerDefaults("uniform", "top1_prob", block_length=self.block_length)
+
     @classmethod
-    def from_dict(cls, raw: dict) -> LLaDAConfig:
+    def from_dict(cls, raw: dict, generation: dict | None = None) -> LLaDAConfig:
         for key, expected in _REQUIRED_FLAGS.items():
             if key in raw and raw[key] != expected:
                 raise ValueError(f"unsupported LLaDA config: {key}={raw[key]!r} (only {expected!r} is implemented)")
@@ -104,6 +112,9 @@ class LLaDAConfig:
             n_kv_heads = 1
         mlp_hidden = raw.get("mlp_hidden_size") or raw["mlp_ratio"] * d_model
         eos = raw.get("eos_token_id", LLADA_EOS_ID)
+        block_length = (generation or {}).get("block_length")
+        if block_length is not None and (type(block_length) is not int or block_length < 1):
+            raise ValueError(f"unsupported LLaDA generation_config: block_length={block_length!r} (a positive integer)")
         return cls(
             d_model=d_model,
             n_heads=n_heads,
@@ -117,6 +128,7 @@ class LLaDAConfig:
             mask_token_id=raw.get("mask_token_id", LLADA_MASK_ID),
             eos_token_id=eos,
             pad_token_id=raw.get("pad_token_id", eos),
+            block_length=block_length,
         )
 
     @classmethod
@@ -372,10 +384,10 @@ def read_config(model_dir: str | Path) -> ModelConfig:
     model_dir = Path(model_dir)
     raw = json.loads((model_dir / "config.json").read_text())
     family = model_family(raw)
-    if family == "llada":
-        return LLaDAConfig.from_dict(raw)
-    if family == "llada2":
-        return LLaDA2Config.from_dict(raw)
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.exists() else None
+    if family == "llada":
+        return LLaDAConfig.from_dict(raw, generation)
+    if family == "llada2":
+        return LLaDA2Config.from_dict(raw)
     return DreamConfig.from_dict(raw, generation)

@@ -283,7 +283,7 @@ def variety(engine: DiffusionEngine, seeds=(0, 1, 2, 3, 4), temperature: float =
     """The answers to VARIETY_PROMPT at `temperature` with each seed (default canvas)."""
     texts = []
     for seed in seeds:
-        params = SamplingParams(temperature=temperature, seed=seed)
+        params = SamplingParams.for_model(engine.sampler_defaults, temperature=temperature, seed=seed)
         texts.append(
             engine.generate(messages=[{"role": "user", "content": VARIETY_PROMPT}], params=params).text.strip()
         )
@@ -312,7 +312,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     engine = DiffusionEngine.from_pretrained(args.model, device="cpu", dtype=args.dtype, quantize=args.quantize)
-    params = SamplingParams(
+    params = SamplingParams.for_model(  # what the server runs: the model's defaults for what is left out
+        engine.sampler_defaults,
         gen_length=args.gen_length,
         block_length=args.block_length,
         num_denoising_steps=args.steps,

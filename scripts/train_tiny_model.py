@@ -60,7 +60,9 @@ ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=38
 # of the held-out phrasings right, batch 32 7,963 steps and 78.0%, batch 16 14,938 steps and 58.5%
 # (models/tiny-llada-chat/README.md): more, noisier updates pay off down to 32.
 BATCH = 32
-LR, LR_FLOOR, WARMUP_STEPS = 3e-3, 0.05, 100
+# Peak learning rate 2.1e-3: 3e-3 was set when a step had 64 rows; with 32, scaled by sqrt(1/2), the same
+# 12,600 steps got 98.8% of the held-out phrasings right against 84.8-88.5% for three seeds at 3e-3.
+LR, LR_FLOOR, WARMUP_STEPS = 2.1e-3, 0.05, 100
 # Decoupled weight decay on matrices. 0.01 let the model memorise each phrasing separately (train loss 0.002,
 # held-out arithmetic 53%); stronger decay favours one shared rule per operation.
 WEIGHT_DECAY = 0.1
@@ -73,6 +75,10 @@ EARLIER_TURN_SHARE = 0.15  # rows after an earlier exchange: the answer is to th
 RAW_SHARE = 0.15  # single-turn rows as a raw prompt, no chat template (what /v1/completions sends)
 USER_X = {"role": "user", "content": "x"}
 EOS_PAD_WEIGHT = 0.5
+# The block length the model declares (generation_config.json), which a request that sets none is decoded with:
+# one block of 128 positions answers the newcomer prompts wrong where blocks of 32 answer them right
+# (models/tiny-llada-chat/README.md), as LLaDA's own chat example decodes in blocks of 32.
+DECODE_BLOCK_LENGTH = 32
 PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
@@ -280,6 +286,9 @@ def main() -> None:
     else:
         hf_tok = build_tokenizer()
         save_tokenizer(hf_tok, out)
+    generation_file = out / "generation_config.json"
+    generation = json.loads(generation_file.read_text())
+    generation_file.write_text(json.dumps({**generation, "block_length": DECODE_BLOCK_LENGTH}, indent=2) + "\n")
     ids = special_ids(hf_tok)
     vocab_rows = -(-hf_tok.get_vocab_size() // 64) * 64
     config = LLaDAConfig(

@@ -101,6 +101,12 @@ def engine(embedded_engine) -> DiffusionEngine:
     return embedded_engine  # `from_pretrained` with no argument: the embedded model (tests/conftest.py)
 
 
+def default_request(engine, **knobs) -> SamplingParams:
+    """The parameters the server runs a request with that sets only `knobs`: the model's own defaults for the
+    rest (its declared block length among them, models/tiny-llada-chat/generation_config.json)."""
+    return SamplingParams.for_model(engine.sampler_defaults, temperature=0.0, **knobs)
+
+
 def share_right(examples, results) -> float:
     return sum(e.is_right(r.text) for e, r in zip(examples, results)) / len(examples)
 
@@ -115,7 +121,7 @@ def test_embedded_model_is_small_and_in_llada_layout():
 @pytest.mark.parametrize("gen_length", [128, 32], ids=["default canvas", "max_tokens 32"])
 def test_embedded_model_answers_new_phrasings_of_every_family(engine, gen_length):
     """Issue 28's target: >= 90% on held-out phrasings at the default settings and at max_tokens 32."""
-    params = SamplingParams(gen_length=gen_length, temperature=0.0)
+    params = default_request(engine, gen_length=gen_length)
     results = run_heldout(engine, NEW_PHRASINGS, params, batch=len(NEW_PHRASINGS))
     assert share_right(NEW_PHRASINGS, results) >= 0.9
     for family in TASK_FAMILIES:  # no family left behind: at least 4 of its 5
@@ -127,7 +133,7 @@ def test_embedded_model_answers_new_phrasings_of_every_family(engine, gen_length
 @needs_v3
 def test_embedded_model_answers_the_same_behind_a_system_prompt_and_as_a_raw_prompt(engine):
     """Raw prompts are what /v1/completions (LlamaIndex's OpenAILike default) sends: no chat template."""
-    params = SamplingParams(gen_length=32, temperature=0.0)
+    params = default_request(engine, gen_length=32)
     for examples in (with_system_prompt(NEW_PHRASINGS), as_raw_prompts(NEW_PHRASINGS)):
         results = run_heldout(engine, examples, params, batch=len(examples))
         assert share_right(examples, results) >= 0.9
@@ -137,7 +143,7 @@ def test_embedded_model_answers_the_same_behind_a_system_prompt_and_as_a_raw_pro
 def test_embedded_model_answers_after_its_own_earlier_replies(engine):
     """As a chat client (`llm -c`) sends a conversation: the model's own first reply is fed back."""
     conversations = chat_client_conversations(20)
-    results = run_chat_client(engine, conversations, SamplingParams(gen_length=32, temperature=0.0), batch=20)
+    results = run_chat_client(engine, conversations, default_request(engine, gen_length=32), batch=20)
     assert sum(e.is_right(r.text) for (*_, e), r in zip(conversations, results)) >= 18
 
 
@@ -145,7 +151,7 @@ def test_embedded_model_answers_after_its_own_earlier_replies(engine):
 def test_embedded_model_gives_the_help_answer_outside_its_range(engine):
     """40 prompts drawn at run time (numbers past each range, made-up words and names): none invented."""
     examples = fresh_out_of_range(40)
-    results = run_heldout(engine, examples, SamplingParams(gen_length=32, temperature=0.0), batch=40)
+    results = run_heldout(engine, examples, default_request(engine, gen_length=32), batch=40)
     assert [r.text.strip() for r in results] == [HELP_ANSWER] * 40
 
 
@@ -158,7 +164,7 @@ def test_help_answer_is_short_and_names_what_works(engine):
 @pytest.mark.parametrize(("messages", "answer"), NEWCOMER, ids=[m[-1]["content"] for m, _ in NEWCOMER])
 def test_embedded_model_answers_a_newcomers_first_prompts(engine, messages, answer):
     for gen_length in (128, 32):  # the default request, and max_tokens 32 as the README's examples send
-        res = engine.generate(messages=messages, params=SamplingParams(gen_length=gen_length, temperature=0.0))
+        res = engine.generate(messages=messages, params=default_request(engine, gen_length=gen_length))
         assert (res.text.strip(), res.finish_reason) == (answer, "stop")
 
 
@@ -166,7 +172,7 @@ def test_embedded_model_answers_a_newcomers_first_prompts(engine, messages, answ
 @pytest.mark.parametrize("row", ["small talk", "help (other)", "out of range (split)", "number words"])
 def test_embedded_model_answers_heldout_conversations(engine, row):
     examples = evaluation_rows(400)[row][:10]
-    results = run_heldout(engine, examples, SamplingParams(gen_length=32, temperature=0.0), batch=10)
+    results = run_heldout(engine, examples, default_request(engine, gen_length=32), batch=10)
     assert share_right(examples, results) >= 0.9
 
 

@@ -127,3 +127,26 @@ def test_model_location_resolution(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
     assert resolve_model_dir("GSAI-ML/LLaDA-8B-Instruct") == FIXTURE_DIR
     assert calls[0][0] == "GSAI-ML/LLaDA-8B-Instruct" and "*.safetensors" in calls[0][1]
+
+
+def test_a_block_length_declared_in_generation_config_is_the_default_requests(tmp_path):
+    """generation_config.json `block_length` (what the embedded model's trainer writes): read at load, it is
+    the block length of a request that sets none; a malformed one is refused at load."""
+    shutil.copytree(FIXTURE_DIR, tmp_path / "m")
+    generation_file = tmp_path / "m" / "generation_config.json"
+    generation = json.loads(generation_file.read_text())
+    generation_file.write_text(json.dumps({**generation, "block_length": 32}))
+    engine = DiffusionEngine.from_pretrained(tmp_path / "m", device="cpu")
+    assert engine.sampler_defaults.block_length == 32
+    prompt = list(range(5, 13))
+    default = engine.generate(prompt_token_ids=prompt)  # no parameters: the model's defaults
+    assert (default.params.gen_length, default.params.block_length, default.params.num_denoising_steps) == (128, 32, 128)
+    engine.shutdown()
+    plain = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
+    assert plain.sampler_defaults.block_length is None
+    assert plain.generate(prompt_token_ids=prompt).params.block_length == 128  # one block, as generate() does
+    plain.shutdown()
+    for bad in (0, "32", 32.0, True):
+        generation_file.write_text(json.dumps({**generation, "block_length": bad}))
+        with pytest.raises(ValueError, match="block_length"):
+            DiffusionEngine.from_pretrained(tmp_path / "m", device="cpu")

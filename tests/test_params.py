@@ -106,10 +106,11 @@ def test_model_defaults_fill_only_what_the_request_left_out():
 
 
 def test_block_diffusion_params_take_the_familys_defaults_and_any_canvas():
-    from engine.config import LLaDA2Config, LLaDAConfig
+    from engine.config import LLaDA2Config, SamplerDefaults
     from engine.params import BlockDiffusionParams
 
     llada2 = LLaDA2Config.sampler_defaults
+    llada = SamplerDefaults("uniform", "top1_prob")  # a LLaDA checkpoint that declares no block length
     params = SamplingParams.for_model(llada2, gen_length=100)
     assert isinstance(params, BlockDiffusionParams)
     assert (params.block_length, params.confidence_threshold, params.num_denoising_steps) == (32, 0.95, None)
@@ -123,8 +124,32 @@ def test_block_diffusion_params_take_the_familys_defaults_and_any_canvas():
         SamplingParams.for_model(llada2, gen_length=100, num_denoising_steps=6)  # not a multiple of 4 blocks
     assert error.value.field == "num_denoising_steps"
     # The other families keep their rules: no defaults added, gen_length a multiple of block_length.
-    plain = SamplingParams.for_model(LLaDAConfig.sampler_defaults, gen_length=64, seed=1)
+    plain = SamplingParams.for_model(llada, gen_length=64, seed=1)
     assert type(plain) is SamplingParams and plain == SamplingParams(gen_length=64, seed=1)
     with pytest.raises(InvalidParameter) as error:
-        SamplingParams.for_model(LLaDAConfig.sampler_defaults, gen_length=100, block_length=32)
+        SamplingParams.for_model(llada, gen_length=100, block_length=32)
     assert error.value.field == "block_length"
+
+
+def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
+    """A LLaDA checkpoint's generation_config.json `block_length`: the default block length of a request that
+    sets none, where the canvas is several whole blocks and the steps share evenly; else one block, never an
+    error the request did not ask for; a block length the request sets always wins."""
+    from engine.config import SamplerDefaults
+
+    declared = SamplerDefaults("uniform", "top1_prob", block_length=32)
+
+    def blocks(**knobs):
+        params = SamplingParams.for_model(declared, **knobs)
+        return params.block_length, params.num_denoising_steps
+
+    assert blocks() == (32, 128)  # the default request: 128 positions in four blocks of 32
+    assert blocks(gen_length=64) == (32, 64) and blocks(gen_length=256) == (32, 128)
+    assert blocks(gen_length=32) == (32, 32) and blocks(gen_length=24) == (24, 24)  # one block: the canvas
+    assert blocks(gen_length=48) == (48, 48)  # not a multiple of 32
+    assert blocks(gen_length=160) == (160, 128)  # 128 default steps do not share between 5 blocks
+    assert blocks(gen_length=128, num_denoising_steps=50) == (128, 50)  # nor 50 between 4
+    assert blocks(gen_length=128, num_denoising_steps=64) == (32, 64)
+    assert blocks(gen_length=128, block_length=128) == (128, 128)  # the request's own choice
+    assert blocks(gen_length=128, confidence_threshold=0.9) == (32, None)  # no step count to share
+    assert SamplingParams.for_model(SamplerDefaults("uniform", "top1_prob"), gen_length=64).block_length == 64
