@@ -79,6 +79,7 @@ EOS_PAD_WEIGHT = 0.5
 # one block of 128 positions answers the newcomer prompts wrong where blocks of 32 answer them right
 # (models/tiny-llada-chat/README.md), as LLaDA's own chat example decodes in blocks of 32.
 DECODE_BLOCK_LENGTH = 32
+BLOCK_STATE_LENGTHS = (8, 16, 32)  # the blocks of `as_block_states` (--block-states)
 PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
@@ -86,6 +87,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetensors") -> None:
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / name), metadata={"format": "pt"})
+
+
+def as_block_states(masked: torch.Tensor, answer_starts: list[int], rows: torch.Tensor, generator: torch.Generator):
+    """`masked` with each of `rows` turned into a state of semi-autoregressive decoding: a block of 8, 16 or 32
+    positions somewhere in the answer keeps its random masks, everything before it is visible and everything
+    after it masked. Independent masking almost never shows these states (a visible answer start before a
+    long masked tail), which the sampler meets at every block but the last when blocks are shorter than the
+    canvas."""
+    width = masked.shape[1]
+    columns = torch.arange(width)
+    for row in rows.tolist():
+        block = BLOCK_STATE_LENGTHS[int(torch.randint(len(BLOCK_STATE_LENGTHS), (1,), generator=generator))]
+        start = answer_starts[row]
+        n_blocks = -(-(width - start) // block)
+        first = start + block * int(torch.randint(n_blocks, (1,), generator=generator))
+        in_block = (columns >= first) & (columns < first + block)
+        masked[row] = (masked[row] & in_block) | (columns >= first + block)
+    return masked
 
 
 def stratified_ratios(rows: int, generator: torch.Generator) -> torch.Tensor:
@@ -106,8 +125,8 @@ class Batcher:
     meets every canvas length.
     """
 
-    def __init__(self, tok: ChatTokenizer, rng: random.Random, seed: int, batch: int = BATCH):
-        self.tok, self.rng, self.batch = tok, rng, batch
+    def __init__(self, tok: ChatTokenizer, rng: random.Random, seed: int, batch: int = BATCH, block_states: float = 0.0):
+        self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
@@ -193,17 +212,22 @@ class Batcher:
         attn = torch.zeros((len(rows), width), dtype=torch.long)
         in_response = torch.zeros((len(rows), width), dtype=torch.bool)
         weight = torch.zeros((len(rows), width))
+        answer_starts = []
         for i, (prompt, response, n_real) in enumerate(rows):
             seq = prompt + response
             start = width - len(seq)
             ids[i, start:] = torch.tensor(seq)
             attn[i, start:] = 1
             r0 = start + len(prompt)
+            answer_starts.append(r0)
             in_response[i, r0:] = True
             weight[i, r0:] = EOS_PAD_WEIGHT
             weight[i, r0 : r0 + n_real] = 1.0
         p_mask = (1 - EPS) * stratified_ratios(len(rows), self.gen).unsqueeze(1) + EPS
         masked = in_response & (torch.rand((len(rows), width), generator=self.gen) < p_mask)
+        if self.block_states:
+            chosen = (torch.rand(len(rows), generator=self.gen) < self.block_states).nonzero().squeeze(1)
+            masked = as_block_states(masked, answer_starts, chosen, self.gen)
         targets = ids[masked]
         noisy = ids.masked_fill(masked, self.tok.mask_id)
         return noisy, (attn if (attn == 0).any() else None), LogitIndex.from_mask(masked), targets, weight[masked]
@@ -265,6 +289,7 @@ def main() -> None:
     ap.add_argument("--eval-every-s", type=float, default=EVAL_EVERY_S, help="probe evaluation period (0: never)")
     ap.add_argument("--batch", type=int, default=BATCH, help="rows per step")
     ap.add_argument("--eager", action="store_true", help="do not compile the training forward (slower, same maths)")
+    ap.add_argument("--block-states", type=float, default=0.0, help="share of rows masked as a decoding block's state")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -315,7 +340,7 @@ def main() -> None:
         lr=LR,
         betas=(0.9, 0.98),
     )
-    batcher = Batcher(tok, rng, args.seed, args.batch)
+    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states)
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"

@@ -292,6 +292,36 @@ def test_the_trainers_mask_ratios_span_every_slice_of_the_range_in_each_batch():
     assert ratios.tolist() != sorted(ratios.tolist())  # in random order, not by row
 
 
+def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_and_a_masked_tail():
+    import torch
+
+    from scripts.train_tiny_model import BLOCK_STATE_LENGTHS, as_block_states
+
+    generator = torch.Generator().manual_seed(0)
+    rows, width = 40, 80
+    starts = [10 + (row % 5) * 12 for row in range(rows)]  # where each row's answer begins
+    random_masks = torch.rand(rows, width, generator=generator) < 0.5
+    for row, start in enumerate(starts):
+        random_masks[row, :start] = False  # the prompt's columns are never masked
+    chosen = list(range(0, rows, 2))
+    states = as_block_states(random_masks.clone(), starts, torch.tensor(chosen), generator)
+
+    def block_state(row: int, first: int, block: int) -> bool:
+        before, inside, after = states[row, :first], states[row, first : first + block], states[row, first + block :]
+        return not before.any() and torch.equal(inside, random_masks[row, first : first + block]) and after.all()
+
+    shapes = set()
+    for row, start in enumerate(starts):
+        if row not in chosen:
+            assert torch.equal(states[row], random_masks[row])  # a row not chosen keeps its masks
+            continue
+        found = [(first - start, block) for block in BLOCK_STATE_LENGTHS for first in range(start, width, block)
+                 if block_state(row, first, block)]  # fmt: skip
+        assert found, row  # some block, aligned to the answer's start, with everything before visible
+        shapes.update(found)
+    assert len({block for _, block in shapes}) > 1 and len({offset for offset, _ in shapes}) > 1  # drawn, not fixed
+
+
 def test_heldout_list_is_deterministic():
     assert [e.key for e in heldout_examples(50)] == [e.key for e in heldout_examples(50)]
 
