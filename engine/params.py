@@ -209,27 +209,6 @@ def knob(kind: Kind, default: Any = None, **spec: Any) -> Any:
     return field(default=default, metadata={"knob": Knob(kind, default, **spec)})
 
 
-def _declared_block_length(declared: int | None, knobs: dict[str, Any]) -> int | None:
-    """The model's declared block length for a request that sets none, or None (one block, the engine's own
-    default). It applies only where it fits what the request does set: a canvas of several whole blocks, and
-    a step count (the request's, or the default min(128, gen_length)) that gives every block the same share
-    of at most one step per token. Elsewhere the request runs as if the model declared nothing, so a default
-    never turns a valid request into an error."""
-    gen_length = knobs.get("gen_length")
-    gen_length = DEFAULT_GEN_LENGTH if gen_length is None else gen_length
-    if declared is None or knobs.get("block_length") is not None or type(gen_length) is not int:
-        return None
-    if gen_length % declared:  # (a canvas shorter than a block is one block anyway)
-        return None
-    blocks = gen_length // declared
-    steps = knobs.get("num_denoising_steps")
-    if steps is None and knobs.get("confidence_threshold") is None and knobs.get("editing_threshold") is None:
-        steps = min(DEFAULT_STEPS, gen_length)
-    if steps is not None and (type(steps) is not int or steps % blocks or steps // blocks > declared):
-        return None
-    return declared
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is denoised: one field per knob, in the order the docs and the `diffusion` object list them.
@@ -500,14 +479,19 @@ class SamplingParams:
         aligned to position 0 on a canvas rounded up to whole blocks, so its parameters are
         `BlockDiffusionParams`: gen_length need not be a multiple of block_length. A LLaDA checkpoint may
         declare a block length (generation_config.json `block_length`): a request that sets none gets it where
-        it fits (`_declared_block_length`), else one block. The schedule and the metric are filled in later, by
-        `with_model_defaults`.
+        it fits what the request does set (a canvas of whole blocks, a step count shared evenly between them,
+        as the parameters' own checks decide), else one block, so a default never turns a valid request into an
+        error. The schedule and the metric are filled in later, by `with_model_defaults`.
         """
         if defaults is None:
             return cls(**knobs)
         if not defaults.aligned_blocks:
-            block = _declared_block_length(defaults.block_length, knobs)
-            return cls(**knobs) if block is None else cls(**{**knobs, "block_length": block})
+            if defaults.block_length is not None and knobs.get("block_length") is None:
+                try:
+                    return cls(**{**knobs, "block_length": defaults.block_length})
+                except InvalidParameter:
+                    pass  # it does not fit this request: one block, as if the model declared none
+            return cls(**knobs)
         knobs = {name: value for name, value in knobs.items() if value is not None}
         knobs.setdefault("block_length", defaults.block_length)
         editing = knobs.get("editing_threshold") is not None
