@@ -5,7 +5,8 @@ their first block's cached steps; then one cached step is captured twice, throug
 `_cached_forward`:
 
 - "bucketed": the inputs the compiled engine's graph gets (engine/compiled.py `StaticShapes`: batch, span
-  and candidates rounded up, the key window the KV pool's whole width, the pool reserved as warm-up does);
+  and candidates rounded up, the key window the longest canvas as a symbolic dimension, the pool reserved as
+  warm-up does);
 - "real": the inputs of the eager engine's step (the key window cut to the longest live canvas).
 
 Both read and write the same KV pool in place (a repeated forward rewrites the same columns, so every call
@@ -19,7 +20,8 @@ once in turn, `--calls` calls each; medians of `--reps`), as ms per forward and 
   freezing              closure + inductor `freezing` (parameters constants, linear weights prepacked)
   cpp_wrapper           inductor's C++ wrapper instead of its Python one: the engine's configuration
   ... + skip guards     inside torch.compiler.set_stance(skip_guard_eval_unsafe=True)
-  key window bucketed   the key window at length_bucket(longest canvas) instead of the pool's width
+  key window ...        the key window as a static shape: the pool's whole width (the engine's choice before
+                        it went symbolic), or length_bucket(longest canvas)
   arithmetic ceiling    the best config on the real inputs: the step's own arithmetic, fused
   no-op call            a compiled function of the same inputs that does almost nothing: the fixed cost
   GEMMs alone           the step's matrix products only (every projection, the attention's two products per
@@ -100,6 +102,9 @@ def capture_step(engine, batch: int, prompts: list[list[int]]):
         _cached_forward(model, rows, width, torch.device("cpu"), pad)
     hook.remove()
     (b_ids, b_index, b_kv), (r_ids, r_index, r_kv) = capture.calls[0], real_args[0]
+    # The key window: the engine's graph leaves its width symbolic (engine/compiled.py `key_window`); the
+    # variants it replaced read the pool's whole width, or the canvas's length bucket, as static shapes.
+    torch._dynamo.mark_dynamic(b_kv.key_mask, 1)
     bucketed = (b_ids, None, b_index.columns, b_kv.buffer, b_kv.columns, b_kv.positions, b_kv.key_mask)
     assert r_kv.key_mask is not None or batch == 1, "batch > 1 rows share one width: a mask is expected"
     # The real frame may pass no mask (one row, every key real): `_forward` then takes the width from the mask,
@@ -110,12 +115,17 @@ def capture_step(engine, batch: int, prompts: list[list[int]]):
     real = (r_ids, None, r_index.columns, r_kv.buffer, r_kv.columns, r_kv.positions, r_mask)
     assert r_kv.first_row == 0 and b_kv.first_row == 0
     key_real = max(r.length for r in requests)
-    window = length_bucket(key_real)
-    keyb = (*bucketed[:6], b_kv.key_mask[:, :window].contiguous())
+    window, pool_width = length_bucket(key_real), b_kv.buffer.shape[4]
+    assert b_kv.key_mask.shape[1] == key_real
+
+    def widened(width: int) -> tuple:
+        hidden = torch.zeros(b_kv.key_mask.shape[0], width - key_real, dtype=torch.bool)
+        return (*bucketed[:6], torch.cat([b_kv.key_mask, hidden], dim=1))
+
     wanted = {"bucketed": b_index.real, "real": r_index.real}
-    shapes = dict(pool_width=b_kv.buffer.shape[4], key_real=key_real, key_bucketed=window,
+    shapes = dict(pool_width=pool_width, key_real=key_real, key_bucketed=window,
                   span=tuple(b_ids.shape), real_span=tuple(r_ids.shape), candidates=tuple(b_index.columns.shape))  # fmt: skip
-    return dict(bucketed=bucketed, real=real, keyb=keyb), wanted, shapes
+    return dict(bucketed=bucketed, real=real, keyb=widened(window), pool=widened(pool_width)), wanted, shapes
 
 
 def matrix_products(model, batch: int, span: int, keys: int, candidates: int):
@@ -215,9 +225,8 @@ def main() -> None:
         freeze = compiled(closure, freezing=True)
         cpp = compiled(_forward, cpp_wrapper=True)
         freeze_cpp = compiled(closure, freezing=True, cpp_wrapper=True)
-        freeze_keyb = compiled(closure, freezing=True)
-        current_keyb = compiled(_forward)
         freeze_real = compiled(closure, freezing=True)
+        cpp_keyb, cpp_pool = compiled(_forward, cpp_wrapper=True), compiled(_forward, cpp_wrapper=True)
         noop_arg, noop_close = compiled(noop), compiled(noop_closure)
         # name: (call, inputs key, guards skipped)
         variants = {
@@ -229,19 +238,19 @@ def main() -> None:
             "freezing": (freeze, "bucketed"),
             "cpp_wrapper (the engine's)": (lambda *t: cpp(model, *t), "bucketed"),
             "freezing + cpp_wrapper": (freeze_cpp, "bucketed"),
-            "freezing, key window bucketed": (freeze_keyb, "keyb"),
-            "key window bucketed, Python wrapper": (lambda *t: current_keyb(model, *t), "keyb"),
             "freezing, real (arithmetic ceiling)": (freeze_real, "real"),
+            "cpp_wrapper, key window the pool's width": (lambda *t: cpp_pool(model, *t), "pool"),
+            "cpp_wrapper, key window bucketed": (lambda *t: cpp_keyb(model, *t), "keyb"),
             "no-op call, model argument": (lambda *t: noop_arg(model, *t), "bucketed"),
             "no-op call, closure": (noop_close, "bucketed"),
             "GEMMs alone (real shapes)": (matrix_products(model, batch, span, keys, candidates), "real"),
             "attention kernel alone (real shapes)": (attention_calls(model, batch, span, keys), "real"),
         }
-        skip = ["compiled, Python wrapper", "freezing", "freezing + cpp_wrapper", "freezing, key window bucketed",
+        skip = ["compiled, Python wrapper", "freezing", "freezing + cpp_wrapper",
                 "freezing, real (arithmetic ceiling)", "no-op call, closure"]  # fmt: skip
         reference = {}
         with torch.inference_mode():
-            for key in ("real", "bucketed", "keyb"):
+            for key in ("real", "bucketed", "keyb", "pool"):
                 reference[key] = variants["eager, bucketed"][0](*inputs[key]).clone()
             compile_s = {}
             pool = inputs["bucketed"][3]

@@ -169,7 +169,7 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
     pool_rows = [slots.row_of(request) for request in requests]
     first_row = min(pool_rows)
     batch = max(pool_rows) - first_row + 1
-    if static is not None:  # the bucket: the pool's first rows, its whole width, lengths rounded up
+    if static is not None:  # the bucket: the pool's first rows, lengths rounded up
         first_row, batch = 0, static.batch(max(pool_rows) + 1)
         slots.ensure(batch, slots.width - 1)
     frame_row = {id(request): row - first_row for request, row in zip(requests, pool_rows)}
@@ -178,9 +178,10 @@ def _cached_forward(model, rows: list[_Row], width: int, device, pad_id: int):
         by_frame_row[frame_row[id(row.request)]] = row
     key_width = max(request.length for request in requests)
     if static is not None:
-        computed, key_width = static.length(computed), slots.width
+        computed, key_width = static.length(computed), static.key_window(key_width, slots.width)
     filler_column = slots.width - 1  # past every canvas (hidden if inside the key window): written, never seen
-    hide_keys = batch > len(rows) or any(request.length < key_width for request in requests)
+    # The compiled graph always takes a mask: its width is how the graph learns the key window.
+    hide_keys = static is not None or batch > len(rows) or any(request.length < key_width for request in requests)
 
     ids, columns_of_computed, positions, key_mask, candidates = [], [], [], [], []
     for row in by_frame_row:

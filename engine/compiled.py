@@ -3,9 +3,11 @@
 `torch.compile(dynamic=False)` specialises a graph on every input shape. A denoising step's shapes change
 all the time (batch size, canvas and span lengths, the number of masked candidates), so engine/batch.py pads
 each step up to a bucket (`StaticShapes`): batch sizes from a short list (1, 2, 4, 8 by default; padding rows
-are dummies), lengths rounded up (to 32 up to 64, then to 128), the key window to the whole KV pool's width,
-and the candidates per row to a multiple of 32. Padding never reaches a real row: padded positions are
-hidden keys, dummy rows see only themselves, and the logits of padded candidates are dropped after the graph.
+are dummies), lengths rounded up (to 32 up to 64, then to 128) and the candidates per row to a multiple of 32.
+Padding never reaches a real row: padded positions are hidden keys, dummy rows see only themselves, and the
+logits of padded candidates are dropped after the graph. One dimension is left symbolic instead: a cached
+step's key window (the canvas length it attends over), so that one graph serves every canvas length without
+reading keys past the canvases (`StaticShapes.key_window`; on CUDA the window is the pool's whole width).
 
 Only short forwards run compiled: at most `COMPILED_SPAN` (64) positions per row, a cached step over its block.
 Those are the steps whose cost is overhead (a kernel call per operator for little arithmetic), which a graph
@@ -110,13 +112,24 @@ class StaticShapes:
     def candidates(per_row: int, computed: int) -> int:
         return min(round_up(per_row, CANDIDATE_QUANTUM), computed)
 
+    def key_window(self, longest_canvas: int, pool_width: int) -> int:
+        """The key columns a cached step's attention reads. On CPU the longest canvas itself, as eagerly: the
+        graph leaves that one dimension symbolic (`__call__`), so one graph serves every canvas length and
+        attention reads no column past the canvases. On CUDA the pool's whole width, a static shape that a
+        captured CUDA graph can replay (a symbolic one would be captured again for every width)."""
+        return pool_width if self.on_cuda else longest_canvas
+
     def __call__(self, model, input_ids, attention_mask, logit_index: LogitIndex, kv: KVFrame | None):
         """Logits at `logit_index` (its `real` entries only), through the compiled graph."""
         args = [input_ids, attention_mask, logit_index.columns]
         args += [None] * 4 if kv is None else [kv.buffer, kv.columns, kv.positions, kv.key_mask]
-        key = tuple(None if a is None else tuple(a.shape) for a in args)
+        key = [None if a is None else tuple(a.shape) for a in args]
         if kv is not None and self.on_cuda:
             torch._dynamo.mark_static_address(kv.buffer)  # written in place by the captured graph
+        elif kv is not None:  # the key window (`key_window`): symbolic, the rest of the shapes static
+            torch._dynamo.mark_dynamic(kv.key_mask, 1)
+            key[-1] = (key[-1][0], "keys")
+        key = tuple(key)
         # Dynamo's own count of the graphs it built, so that a recompile a guard forces on a known shape counts
         # too, not only a new shape. Steps run one at a time, so the difference is this call's.
         graphs_before = counters["stats"]["unique_graphs"]

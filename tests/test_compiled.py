@@ -40,12 +40,14 @@ class EagerBuckets(StaticShapes):
     """The compiled engine's bucketing with an eager forward in place of the graph: nothing compiles, and the
     span of every forward that takes the compiled path is recorded."""
 
-    def __init__(self):
-        self.batch_sizes, self.max_span, self.on_cuda = (1, 2, 4, 8), COMPILED_SPAN, False
-        self.shapes, self.recompiles, self.spans = set(), 0, []
+    def __init__(self, on_cuda: bool = False):
+        self.batch_sizes, self.max_span, self.on_cuda = (1, 2, 4, 8), COMPILED_SPAN, on_cuda
+        self.shapes, self.recompiles, self.spans, self.key_windows = set(), 0, [], []
 
     def __call__(self, model, input_ids, attention_mask, logit_index, kv):
         self.spans.append(input_ids.shape[1])
+        if kv is not None:
+            self.key_windows.append(kv.key_mask.shape[1])
         logits = model.forward(input_ids, attention_mask, logit_index=LogitIndex(logit_index.columns), kv=kv)
         return logits if logit_index.real is None else logits[logit_index.real]
 
@@ -77,6 +79,33 @@ def test_only_short_forwards_take_the_compiled_path_and_its_padding_keeps_every_
     assert spans == {"long dual": {32}, "short none": {32}, "long none": set()}
     for engine in (eager, bucketed):
         engine.shutdown()
+
+
+def test_a_compiled_cached_step_reads_only_its_canvases_keys_on_cpu_and_the_whole_pool_on_cuda():
+    """On CPU the graph's key window is the longest canvas of the step (a symbolic dimension: one graph for every
+    canvas length); on CUDA the pool's whole width (a static shape a captured graph replays). Either way every
+    token is the eager engine's."""
+    params = SamplingParams(gen_length=64, block_length=32, kv_cache="dual", temperature=0.0, early_exit=False)
+    canvases = []
+    for on_cuda in (False, True):
+        engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+        buckets = EagerBuckets(on_cuda)
+        object.__setattr__(engine.model, "_static_shapes", buckets)
+        requests = [engine.new_request(prompt_token_ids=p, params=params) for p in PROMPTS]
+        pool_widths = set()
+        while not all(r.finished for r in requests):
+            engine.step([r for r in requests if not r.finished])
+            pool_widths.add(kv_slots(engine.model).width or None)  # 0 once the last request has left
+        canvases.append([r.result.canvas_ids for r in requests])
+        longest = max(len(p) for p in PROMPTS) + 64
+        pool_widths.discard(None)
+        assert len(pool_widths) == 1 and max(pool_widths) > longest  # the pool is wider than the canvases
+        expected = pool_widths if on_cuda else {longest}
+        assert set(buckets.key_windows) == expected, on_cuda
+        engine.shutdown()
+    eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    assert canvases[0] == canvases[1] == [eager.generate(prompt_token_ids=p, params=params).canvas_ids for p in PROMPTS]
+    eager.shutdown()
 
 
 def test_compiled_warm_up_also_covers_short_whole_canvases():
@@ -172,6 +201,19 @@ def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes()
     assert compiled.stats.snapshot()["dllm_compile_recompiles_total"] == 0
     eager.shutdown()
     compiled.shutdown()
+
+
+@pytest.mark.slow
+def test_one_compiled_cached_graph_serves_every_canvas_length():
+    """The key window is the graph's one symbolic dimension: after a warm-up at one canvas length, requests of
+    other lengths compile nothing (with a static key window each new length was a new graph)."""
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=True)
+    engine.warm_up(dataclasses.replace(TINY_PLAN, batch_sizes=(1,), kv_cache=("dual",)))
+    params = SamplingParams(gen_length=16, block_length=8, num_denoising_steps=16, kv_cache="dual", temperature=0.0)
+    for prompt_length in (5, 11, 16):  # canvases of 21, 27 and 32 positions: the span buckets warm-up made
+        engine.generate(prompt_token_ids=list(range(5, 5 + prompt_length)), params=params)
+    assert engine.stats.snapshot()["dllm_compile_recompiles_total"] == 0
+    engine.shutdown()
 
 
 def official_runs(family: str) -> list[tuple[list[int], SamplingParams, list[int]]]:
