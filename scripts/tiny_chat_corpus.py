@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import string
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -447,11 +448,11 @@ def _out_of_range():
         a, b = (big(), rng.randint(0, 99)) if rng.random() < 0.5 else (rng.randint(0, 99), big())
         t = rng.choice(trained(PLUS) + trained(MINUS))
         yield Example(_user(t.format(a=a, b=b)), HELP_ANSWER, "out_of_range")
-    for a in range(9):
+    for a in range(9):  # negative differences: four phrasings each, as a one-phrasing run still answered b - a
         for b in range(a + 1, 10):
-            t = rng.choice(trained(MINUS))
-            for prompt in _numbered(t, a=a, b=b):
-                yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
+            for t in rng.sample(trained(MINUS), 4):
+                for prompt in _numbered(t, a=a, b=b):
+                    yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
     for _ in range(300):  # comparisons of two-digit numbers
         t = rng.choice(trained(LARGER) + trained(SMALLER))
         nums = dict(a=big(), b=rng.randint(0, 99), c=rng.randint(0, 99))
@@ -472,21 +473,33 @@ def _out_of_range():
         for t in trained(COUNT_TO):
             for prompt in _numbered(t, b=b):
                 yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
-    for _ in range(250):  # successors past 20
+    for _ in range(400):  # successors past 20, two-digit ones as often as longer ones
         t = rng.choice(trained(AFTER) + trained(BEFORE))
-        yield Example(_user(t.format(a=rng.randint(21, 999))), HELP_ANSWER, "out_of_range")
-    unknown = UNKNOWN_WORDS + [_pseudo_word(rng) for _ in range(60)]
+        a = rng.randint(21, 99) if rng.random() < 0.5 else rng.randint(100, 999)
+        yield Example(_user(t.format(a=a)), HELP_ANSWER, "out_of_range")
+    # Unknown words: real ones, syllable words and random letters (which split into rare tokens: a run trained
+    # on the first two only answered "Spell ufcjl" with letters and "Say altqfqdsl" with "Goodbye!").
+    unknown = UNKNOWN_WORDS + [_pseudo_word(rng) for _ in range(60)] + [_random_letters(rng) for _ in range(60)]
     for w in unknown:
         for t in rng.sample(trained(SPELL), 3):
             yield Example(_user(t.format(w=w)), HELP_ANSWER, "out_of_range")
         for t in rng.sample(trained(REPEAT), 3):
             s = w if rng.random() < 0.6 else " ".join(rng.sample([w, rng.choice(WORDS)], 2))
             yield Example(_user(t.format(s=s)), HELP_ANSWER, "out_of_range")
-    for n in UNKNOWN_NAMES:
+    made_up = [(_pseudo_word(rng) if i % 2 else _random_letters(rng)).capitalize() for i in range(60)]
+    for n in UNKNOWN_NAMES + made_up[:40]:
         for t in rng.sample(trained(INTRO), 3):
             yield Example(_user(t.format(n=n)), HELP_ANSWER, "out_of_range")
     for text in UNKNOWN_FACTS:
         yield Example(_user(text), HELP_ANSWER, "out_of_range")
+    capital_phrasings = [t for train, _, x, _ in FACTS if "capital" in train[0] for t in train][:3]
+    for place in made_up[40:]:  # countries it does not know
+        yield Example(_user(rng.choice(capital_phrasings).format(x=place)), HELP_ANSWER, "out_of_range")
+
+
+def _random_letters(rng: random.Random) -> str:
+    """A made-up word of 4 to 9 random letters (the evaluation draws its own with another seed)."""
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 9)))
 
 
 def _pseudo_word(rng: random.Random) -> str:

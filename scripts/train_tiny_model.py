@@ -89,22 +89,28 @@ def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetens
     save_file(state, str(out / name), metadata={"format": "pt"})
 
 
-def as_block_states(masked: torch.Tensor, answer_starts: list[int], rows: torch.Tensor, generator: torch.Generator):
-    """`masked` with each of `rows` turned into a state of semi-autoregressive decoding: a block of 8, 16 or 32
-    positions somewhere in the answer keeps its random masks, everything before it is visible and everything
-    after it masked. Independent masking almost never shows these states (a visible answer start before a
+def as_block_states(
+    masked: torch.Tensor, answer_starts: list[int], rows: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(masked, trained): `masked` with each of `rows` turned into a state of semi-autoregressive decoding, a
+    block of 8, 16 or 32 positions somewhere in the answer keeping its random masks, everything before it
+    visible and everything after it masked; and the masked positions the loss counts, which in those rows are
+    the block's only. Independent masking almost never shows these states (a visible answer start before a
     long masked tail), which the sampler meets at every block but the last when blocks are shorter than the
-    canvas."""
+    canvas. The sampler commits nothing past the block, so the tail is hidden input, not a target: counted, its
+    end-of-text padding outweighed the answers (a run that counted it, I in the model card, lost 15 points)."""
     width = masked.shape[1]
     columns = torch.arange(width)
+    trained = masked.clone()
     for row in rows.tolist():
         block = BLOCK_STATE_LENGTHS[int(torch.randint(len(BLOCK_STATE_LENGTHS), (1,), generator=generator))]
         start = answer_starts[row]
         n_blocks = -(-(width - start) // block)
         first = start + block * int(torch.randint(n_blocks, (1,), generator=generator))
         in_block = (columns >= first) & (columns < first + block)
-        masked[row] = (masked[row] & in_block) | (columns >= first + block)
-    return masked
+        trained[row] = masked[row] & in_block
+        masked[row] = trained[row] | (columns >= first + block)
+    return masked, trained
 
 
 def stratified_ratios(rows: int, generator: torch.Generator) -> torch.Tensor:
@@ -225,12 +231,13 @@ class Batcher:
             weight[i, r0 : r0 + n_real] = 1.0
         p_mask = (1 - EPS) * stratified_ratios(len(rows), self.gen).unsqueeze(1) + EPS
         masked = in_response & (torch.rand((len(rows), width), generator=self.gen) < p_mask)
+        trained = masked
         if self.block_states:
             chosen = (torch.rand(len(rows), generator=self.gen) < self.block_states).nonzero().squeeze(1)
-            masked = as_block_states(masked, answer_starts, chosen, self.gen)
-        targets = ids[masked]
+            masked, trained = as_block_states(masked, answer_starts, chosen, self.gen)
         noisy = ids.masked_fill(masked, self.tok.mask_id)
-        return noisy, (attn if (attn == 0).any() else None), LogitIndex.from_mask(masked), targets, weight[masked]
+        index = LogitIndex.from_mask(trained)
+        return noisy, (attn if (attn == 0).any() else None), index, ids[trained], weight[trained]
 
 
 def quick_eval(model, tok, examples, gen_length: int, steps: int) -> tuple[float, float]:

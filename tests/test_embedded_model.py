@@ -292,7 +292,7 @@ def test_the_trainers_mask_ratios_span_every_slice_of_the_range_in_each_batch():
     assert ratios.tolist() != sorted(ratios.tolist())  # in random order, not by row
 
 
-def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_and_a_masked_tail():
+def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_and_an_untrained_masked_tail():
     import torch
 
     from scripts.train_tiny_model import BLOCK_STATE_LENGTHS, as_block_states
@@ -304,7 +304,7 @@ def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_an
     for row, start in enumerate(starts):
         random_masks[row, :start] = False  # the prompt's columns are never masked
     chosen = list(range(0, rows, 2))
-    states = as_block_states(random_masks.clone(), starts, torch.tensor(chosen), generator)
+    states, trained = as_block_states(random_masks.clone(), starts, torch.tensor(chosen), generator)
 
     def block_state(row: int, first: int, block: int) -> bool:
         before, inside, after = states[row, :first], states[row, first : first + block], states[row, first + block :]
@@ -313,11 +313,15 @@ def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_an
     shapes = set()
     for row, start in enumerate(starts):
         if row not in chosen:
-            assert torch.equal(states[row], random_masks[row])  # a row not chosen keeps its masks
+            assert torch.equal(states[row], random_masks[row]) and torch.equal(trained[row], states[row])
             continue
         found = [(first - start, block) for block in BLOCK_STATE_LENGTHS for first in range(start, width, block)
                  if block_state(row, first, block)]  # fmt: skip
         assert found, row  # some block, aligned to the answer's start, with everything before visible
+        (offset, block), *_ = found
+        in_block = torch.zeros(width, dtype=torch.bool)
+        in_block[start + offset : start + offset + block] = True
+        assert torch.equal(trained[row], states[row] & in_block)  # the loss counts the block, not the tail
         shapes.update(found)
     assert len({block for _, block in shapes}) > 1 and len({offset for offset, _ in shapes}) > 1  # drawn, not fixed
 
