@@ -98,7 +98,7 @@ def as_block_states(
     the block's only. Independent masking almost never shows these states (a visible answer start before a
     long masked tail), which the sampler meets at every block but the last when blocks are shorter than the
     canvas. The sampler commits nothing past the block, so the tail is hidden input, not a target: counted, its
-    end-of-text padding outweighed the answers (a run that counted it, I in the model card, lost 15 points)."""
+    end-of-text padding is most of such a row's loss (run I in the model card, which counted it, lost 15 points)."""
     width = masked.shape[1]
     columns = torch.arange(width)
     trained = masked.clone()
