@@ -151,7 +151,7 @@ def chat_client_conversations(limit: int = 40) -> list[tuple[list[dict], list[di
     return out[:limit]
 
 
-def evaluation_rows(limit: int) -> dict[str, list[Example]]:
+def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[str, list[Example]]:
     """Row name -> prompts: one row per task family, then the conversation rows (all held out)."""
     tasks = heldout_examples(limit, phrasing="heldout")
     rows: dict[str, list[Example]] = {
@@ -168,7 +168,7 @@ def evaluation_rows(limit: int) -> dict[str, list[Example]]:
     rows["help, system prompt"] = with_system_prompt(rows["help (other)"])
     rows["help, raw prompt"] = as_raw_prompts(rows["help (other)"])
     rows["out of range (split)"] = heldout_examples(10_000, families=("out_of_range",))
-    rows["out of range (fresh)"] = fresh_out_of_range()
+    rows["out of range (fresh)"] = fresh_out_of_range(fresh_out_of_range_prompts)
     return rows
 
 
@@ -304,7 +304,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quantize", default="none", help="weight-only quantization: none, int8, int4")
     ap.add_argument("--dtype", default=None, help="model dtype (default float32 on the CPU)")
-    ap.add_argument("--rows", choices=("all", "tasks", "none"), default="all", help="tasks: skip the conversation rows")
+    ap.add_argument("--rows", choices=("all", "tasks", "out-of-range", "none"), default="all",
+                    help="tasks: skip the conversation rows; out-of-range: only the fresh out-of-range prompts")  # fmt: skip
+    ap.add_argument("--fresh", type=int, default=40, help="fresh out-of-range prompts drawn (the v3 test draws 40)")
     ap.add_argument("--checks", action="store_true", help="also the garble and variety checks")
     ap.add_argument("--show-wrong", type=int, default=0, help="print up to N wrong answers per row")
     ap.add_argument("--per-row", type=int, default=0, help="at most N prompts per row (0: all)")
@@ -328,8 +330,7 @@ def main() -> None:
         f"{next(engine.model.parameters()).dtype}, quantization {engine.quantization}"
     )
     if args.rows != "none":
-        tasks_only = args.rows == "tasks"
-        report(engine, params, args.limit, args.batch, tasks_only, show_wrong=args.show_wrong, per_row=args.per_row)
+        report(engine, params, args.limit, args.batch, args.rows, args.show_wrong, args.per_row, args.fresh)
     if args.checks:
         failures = garble_check(engine)
         for canvas, block, prompt, text, why in failures[:40]:
@@ -344,18 +345,21 @@ def report(
     params: SamplingParams,
     limit: int,
     batch: int,
-    tasks_only: bool = False,
+    which: str = "all",
     show_wrong: int = 0,
     per_row: int = 0,
+    fresh: int = 40,
 ) -> dict[str, float]:
     """Print one line per evaluation row; returns row -> share of right answers."""
     print(f"{'row':28s} {'n':>4s} {'right':>7s} {'stop':>7s}")
     scores: dict[str, float] = {}
     answered: dict[tuple, object] = {}  # "tasks, new phrasings" and "number words" reuse the per-family results
     tokens, seconds, results_all = 0, 0.0, []
-    rows = evaluation_rows(limit)
-    if tasks_only:
+    rows = evaluation_rows(limit, fresh)
+    if which == "tasks":
         rows = {name: rows[name] for name in rows if name.endswith("(new phrasing)") or name.startswith("tasks, ")}
+    elif which == "out-of-range":
+        rows = {"out of range (fresh)": rows["out of range (fresh)"]}
     for name, examples in rows.items():
         examples = examples[:per_row] if per_row else examples
         if not examples:
@@ -378,10 +382,11 @@ def report(
         wrong = [(e, r) for e, r in zip(examples, results) if not e.is_right(r.text)]
         for e, r in wrong[:show_wrong]:
             print(f"    {e.messages[-1]['content']!r} -> {r.text.strip()!r} (want {e.answer!r})")
-    conversations = chat_client_conversations()
-    results = run_chat_client(engine, conversations, params, batch)
-    scores["chat client"] = sum(e.is_right(r.text) for (_, _, e), r in zip(conversations, results)) / len(results)
-    print(f"{'chat client (own replies)':28s} {len(results):4d} {scores['chat client']:7.1%}")
+    if which != "out-of-range":
+        conversations = chat_client_conversations()
+        results = run_chat_client(engine, conversations, params, batch)
+        scores["chat client"] = sum(e.is_right(r.text) for (_, _, e), r in zip(conversations, results)) / len(results)
+        print(f"{'chat client (own replies)':28s} {len(results):4d} {scores['chat client']:7.1%}")
     passes = sum(r.num_forward_passes for r in results_all) / max(1, len(results_all))
     print(f"mean forward passes {passes:.1f}")
     print(f"tokens/s            {tokens / max(seconds, 1e-9):.1f}  ({tokens} tokens, {seconds:.1f} s, batch {batch})")
