@@ -338,10 +338,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kv-mask-only-with-dummies",
         BATCH,
-        "hide_keys = batch > len(rows) or any(request.length < key_width for request in requests)",
-        "hide_keys = batch > len(rows)",
+        "hide_keys = static is not None or batch > len(rows) or any(request.length < key_width for request in requests)",
+        "hide_keys = static is not None or batch > len(rows)",
         "columns past a shorter row's canvas are hidden even when no dummy row is in the frame",
         (f"{FAST_DLLM}::test_cached_requests_batched_with_others_match_their_solo_runs",),
+    ),
+    Mutant(
+        "compiled-key-window-the-pool",
+        "engine/compiled.py",
+        "return pool_width if self.on_cuda else longest_canvas",
+        "return pool_width",
+        "on CPU a compiled cached step reads the keys of its canvases only, not the pool's whole width",
+        ("tests/test_compiled.py::test_a_compiled_cached_step_reads_only_its_canvases_keys_on_cpu_and_the_whole_pool_on_cuda",),
     ),
     Mutant(
         "kv-positions-count-the-fill",
