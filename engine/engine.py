@@ -377,7 +377,7 @@ class DiffusionEngine:
         self.warming_up = True
         started = time.perf_counter()
         try:
-            run_warm_up(self, plan)
+            _on_a_thread_of_its_own(run_warm_up, self, plan)
         finally:
             self.warming_up = False
         seconds = time.perf_counter() - started
@@ -510,3 +510,26 @@ class DiffusionEngine:
                 self._scheduler = Scheduler(self, self.scheduler_config, self.stats)
                 self._scheduler.start()
             return self._scheduler
+
+
+def _on_a_thread_of_its_own(function, *args) -> None:
+    """Call `function(*args)` on a new thread and wait for it, raising what it raised.
+
+    libgomp keeps a team of OpenMP workers for every thread that has run a parallel region, until that thread
+    ends. Warm-up run on the caller's (main) thread would leave one behind, and with more OpenMP threads than
+    one, libgomp then manages more threads than there are cores and makes the scheduler thread's workers
+    sleep after every region: each step 3.4x slower at 2 threads (benchmarks/second_thread.py,
+    docs/scheduler.md). A thread that ends takes its team with it."""
+    raised: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            function(*args)
+        except BaseException as error:  # handed to the caller below
+            raised.append(error)
+
+    thread = threading.Thread(target=body, name="dllm-warm-up")
+    thread.start()
+    thread.join()
+    if raised:
+        raise raised[0]

@@ -7,6 +7,7 @@ the same bucketing and warm-up code eagerly, or check what is refused before any
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -135,6 +136,31 @@ def test_compile_with_quantized_weights_is_refused_at_configuration_check(monkey
     monkeypatch.setenv("DLLM_QUANTIZE", "int8")
     with pytest.raises(ValueError, match="DLLM_COMPILE=1 with DLLM_QUANTIZE"):
         check_engine_configuration()
+
+
+def test_warm_up_steps_on_a_thread_of_its_own_and_raises_what_it_raised():
+    """Not on the caller's thread, which would keep an OpenMP team alive beside the scheduler's (engine.py,
+    `_on_a_thread_of_its_own`); a failing step still reaches the caller."""
+    engine = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False)
+    threads = set()
+    real_step = engine.step
+
+    def step(requests):
+        threads.add(threading.get_ident())
+        return real_step(requests)
+
+    engine.step = step
+    engine.warm_up(dataclasses.replace(TINY_PLAN, batch_sizes=(1,)))
+    assert threads and threading.get_ident() not in threads
+
+    def failing(requests):
+        raise RuntimeError("a step failed")
+
+    engine.step = failing
+    with pytest.raises(RuntimeError, match="a step failed"):
+        engine.warm_up(dataclasses.replace(TINY_PLAN, batch_sizes=(1,)))
+    assert not engine.warming_up
+    engine.shutdown()
 
 
 def test_eager_warm_up_steps_every_bucket_reports_its_time_and_leaves_nothing_behind():
