@@ -74,7 +74,7 @@ class WarmUpPlan:
 
 
 def run_warm_up(engine, plan: WarmUpPlan) -> None:
-    """Step synthetic requests through each bucket (on the caller's thread: call it before serving)."""
+    """Step synthetic requests through each bucket, on the calling thread (engine.warm_up gives it one of its own)."""
     batch_sizes = plan.batch_sizes or default_batch_sizes(engine.scheduler_config.max_batch_size)
     static = static_shapes_of(engine.model)
     limit = engine.max_sequence_length
