@@ -21,7 +21,6 @@ import argparse
 import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +29,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from benchmarks.compiled import run_batch  # noqa: E402
 from engine import DiffusionEngine, SamplingParams  # noqa: E402
 from engine.warm_up import WarmUpPlan  # noqa: E402
 
@@ -45,14 +45,8 @@ def main() -> None:
                             temperature=0.0, early_exit=False)  # fmt: skip
 
     def seconds() -> list[float]:
-        spent = []
-        for _ in range(args.reps + 1):  # the first run warms up
-            request = engine.new_request(prompt_token_ids=prompt, params=params)
-            started = time.perf_counter()
-            while not request.finished:
-                engine.step([request])
-            spent.append(time.perf_counter() - started)
-        return spent[1:]
+        spent = [run_batch(engine, [prompt], params)[0] for _ in range(args.reps + 1)]
+        return spent[1:]  # the first run warms up
 
     if args.after_warm_up:
         engine.warm_up(WarmUpPlan(batch_sizes=(1,), kv_cache=("dual",)))
