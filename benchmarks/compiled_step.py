@@ -15,15 +15,13 @@ once in turn, `--calls` calls each; medians of `--reps`), as ms per forward and 
 
   eager                 model.forward on the real inputs: the eager engine's step (the baseline)
   eager, bucketed       model.forward on the bucketed inputs
-  compiled, Python wrapper   torch.compile(_forward, dynamic=False) with the model as an argument
-  closure               the same graph closing over the model (its parameters no argument of the call)
-  freezing              closure + inductor `freezing` (parameters constants, linear weights prepacked)
-  cpp_wrapper           inductor's C++ wrapper instead of its Python one: the engine's configuration
+  ahead of time         the engine's call (`StaticShapes`): its ahead-of-time graph (engine/aot_graphs.py)
+  torch.compile, ...    torch.compile(_forward, dynamic=False) with the model as an argument: with inductor's
+                        Python wrapper, its C++ one (the engine's configuration before ahead-of-time graphs),
+                        and `freezing` (parameters constants, linear weights prepacked) with the C++ wrapper
   ... + skip guards     inside torch.compiler.set_stance(skip_guard_eval_unsafe=True)
-  key window ...        the key window as a static shape: the pool's whole width (the engine's choice before
-                        it went symbolic), or length_bucket(longest canvas)
-  arithmetic ceiling    the best config on the real inputs: the step's own arithmetic, fused
-  no-op call            a compiled function of the same inputs that does almost nothing: the fixed cost
+  arithmetic ceiling    freezing on the real inputs, guards skipped: the step's own arithmetic, fused
+  no-op call            a compiled function of the same inputs that does almost nothing: dynamo's fixed cost
   GEMMs alone           the step's matrix products only (every projection, the attention's two products per
                         layer over the real keys, the LM head at the candidates), back to back into
                         preallocated outputs: the floor no removal of overhead goes below
@@ -54,7 +52,7 @@ import torch  # noqa: E402
 
 from engine import DiffusionEngine, SamplingParams  # noqa: E402
 from engine.batch import _cached_forward, _Row  # noqa: E402
-from engine.compiled import COMPILED_SPAN, StaticShapes, _forward, length_bucket  # noqa: E402
+from engine.compiled import COMPILED_SPAN, StaticShapes, _forward  # noqa: E402
 from engine.kv_slots import kv_slots  # noqa: E402
 from engine.model import KVFrame, LogitIndex  # noqa: E402
 from engine.warm_up import MAX_RESERVED_LENGTH  # noqa: E402
@@ -102,8 +100,7 @@ def capture_step(engine, batch: int, prompts: list[list[int]]):
         _cached_forward(model, rows, width, torch.device("cpu"), pad)
     hook.remove()
     (b_ids, b_index, b_kv), (r_ids, r_index, r_kv) = capture.calls[0], real_args[0]
-    # The key window: the engine's graph leaves its width symbolic (engine/compiled.py `key_window`); the
-    # variants it replaced read the pool's whole width, or the canvas's length bucket, as static shapes.
+    # The key window: the engine's graph leaves its width symbolic (engine/compiled.py `key_window`).
     torch._dynamo.mark_dynamic(b_kv.key_mask, 1)
     bucketed = (b_ids, None, b_index.columns, b_kv.buffer, b_kv.columns, b_kv.positions, b_kv.key_mask)
     assert r_kv.key_mask is not None or batch == 1, "batch > 1 rows share one width: a mask is expected"
@@ -115,17 +112,11 @@ def capture_step(engine, batch: int, prompts: list[list[int]]):
     real = (r_ids, None, r_index.columns, r_kv.buffer, r_kv.columns, r_kv.positions, r_mask)
     assert r_kv.first_row == 0 and b_kv.first_row == 0
     key_real = max(r.length for r in requests)
-    window, pool_width = length_bucket(key_real), b_kv.buffer.shape[4]
     assert b_kv.key_mask.shape[1] == key_real
-
-    def widened(width: int) -> tuple:
-        hidden = torch.zeros(b_kv.key_mask.shape[0], width - key_real, dtype=torch.bool)
-        return (*bucketed[:6], torch.cat([b_kv.key_mask, hidden], dim=1))
-
     wanted = {"bucketed": b_index.real, "real": r_index.real}
-    shapes = dict(pool_width=pool_width, key_real=key_real, key_bucketed=window,
-                  span=tuple(b_ids.shape), real_span=tuple(r_ids.shape), candidates=tuple(b_index.columns.shape))  # fmt: skip
-    return dict(bucketed=bucketed, real=real, keyb=widened(window), pool=widened(pool_width)), wanted, shapes
+    shapes = dict(pool_width=b_kv.buffer.shape[4], key_real=key_real, span=tuple(b_ids.shape),
+                  real_span=tuple(r_ids.shape), candidates=tuple(b_index.columns.shape))  # fmt: skip
+    return dict(bucketed=bucketed, real=real), wanted, shapes
 
 
 def matrix_products(model, batch: int, span: int, keys: int, candidates: int):
@@ -204,9 +195,6 @@ def main() -> None:
     def noop(model_, input_ids, attention_mask, grid, buffer, columns, positions, key_mask):
         return input_ids[:, :1] + 1
 
-    def noop_closure(input_ids, attention_mask, grid, buffer, columns, positions, key_mask):
-        return input_ids[:, :1] + 1
-
     def compiled(fn, **options):
         # A copy of the function with a code object of its own: dynamo keeps its compiled entries on the code
         # object, and a call tries the entries of every variant compiled from the same function (each failing
@@ -221,36 +209,34 @@ def main() -> None:
         print(f"\nbatch {batch}: {shapes}")
         span, keys, candidates = shapes["real_span"][1], shapes["key_real"], shapes["candidates"][1]
         python_wrapper = compiled(_forward)
-        close = compiled(closure)
-        freeze = compiled(closure, freezing=True)
         cpp = compiled(_forward, cpp_wrapper=True)
         freeze_cpp = compiled(closure, freezing=True, cpp_wrapper=True)
         freeze_real = compiled(closure, freezing=True)
-        cpp_keyb, cpp_pool = compiled(_forward, cpp_wrapper=True), compiled(_forward, cpp_wrapper=True)
-        noop_arg, noop_close = compiled(noop), compiled(noop_closure)
-        # name: (call, inputs key, guards skipped)
+        noop_arg = compiled(noop)
+        engine_graph = StaticShapes(model, batch_sizes=(1, 2, 4, 8))  # the engine's call, ahead-of-time graph
+
+        def through_engine(*t):
+            return engine_graph(model, t[0], None, LogitIndex(t[2]), KVFrame(*t[3:]))
+
+        # name: (call, inputs key)
         variants = {
             "eager": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])), "real"),
             "eager, bucketed": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])),
                                 "bucketed"),  # fmt: skip
-            "compiled, Python wrapper": (lambda *t: python_wrapper(model, *t), "bucketed"),
-            "closure": (close, "bucketed"),
-            "freezing": (freeze, "bucketed"),
-            "cpp_wrapper (the engine's)": (lambda *t: cpp(model, *t), "bucketed"),
-            "freezing + cpp_wrapper": (freeze_cpp, "bucketed"),
-            "freezing, real (arithmetic ceiling)": (freeze_real, "real"),
-            "cpp_wrapper, key window the pool's width": (lambda *t: cpp_pool(model, *t), "pool"),
-            "cpp_wrapper, key window bucketed": (lambda *t: cpp_keyb(model, *t), "keyb"),
-            "no-op call, model argument": (lambda *t: noop_arg(model, *t), "bucketed"),
-            "no-op call, closure": (noop_close, "bucketed"),
+            "ahead of time (the engine's)": (through_engine, "bucketed"),
+            "torch.compile, Python wrapper": (lambda *t: python_wrapper(model, *t), "bucketed"),
+            "torch.compile, cpp_wrapper (the engine's before)": (lambda *t: cpp(model, *t), "bucketed"),
+            "torch.compile, freezing + cpp_wrapper": (freeze_cpp, "bucketed"),
+            "torch.compile, freezing, real (arithmetic ceiling)": (freeze_real, "real"),
+            "no-op torch.compile call": (lambda *t: noop_arg(model, *t), "bucketed"),
             "GEMMs alone (real shapes)": (matrix_products(model, batch, span, keys, candidates), "real"),
             "attention kernel alone (real shapes)": (attention_calls(model, batch, span, keys), "real"),
         }
-        skip = ["compiled, Python wrapper", "freezing", "freezing + cpp_wrapper",
-                "freezing, real (arithmetic ceiling)", "no-op call, closure"]  # fmt: skip
+        skip = ["torch.compile, cpp_wrapper (the engine's before)", "torch.compile, freezing + cpp_wrapper",
+                "torch.compile, freezing, real (arithmetic ceiling)", "no-op torch.compile call"]  # fmt: skip
         reference = {}
         with torch.inference_mode():
-            for key in ("real", "bucketed", "keyb", "pool"):
+            for key in ("real", "bucketed"):
                 reference[key] = variants["eager, bucketed"][0](*inputs[key]).clone()
             compile_s = {}
             pool = inputs["bucketed"][3]
@@ -264,7 +250,7 @@ def main() -> None:
                     out = call(*inputs[key])
                 out = call(*inputs[key])  # twice: a second call must not recompile either
                 compile_s[name] = time.perf_counter() - started
-                if name.startswith("no-op") or "alone" in name:
+                if "no-op" in name or "alone" in name:
                     continue
                 pool_diff = (pool - written).abs().max().item()
                 diff = (out - reference[key]).abs().max().item()

@@ -1,6 +1,6 @@
 """A compiled forward with static shapes: each step is padded into a bucket so that one graph serves it.
 
-`torch.compile(dynamic=False)` specialises a graph on every input shape. A denoising step's shapes change
+A compiled graph is specialised on its input shapes. A denoising step's shapes change
 all the time (batch size, canvas and span lengths, the number of masked candidates), so engine/batch.py pads
 each step up to a bucket (`StaticShapes`): batch sizes from a short list (1, 2, 4, 8 by default; padding rows
 are dummies), lengths rounded up (to 32 up to 64, then to 128) and the candidates per row to a multiple of 32.
@@ -16,11 +16,13 @@ prefix cache's query to the canvas's end) is arithmetic: a graph saves little on
 rounded up to 128, the key window to the pool's width) costs more than that, so it runs eagerly (measured:
 docs/benchmarks.md, "Only the short forwards compiled").
 
-On CPU the graph is inductor's (fused C++ kernels), called through its C++ wrapper rather than its Python one:
-one cached dual step 1.55x eager instead of 1.36x at batch 1, 1.27x instead of 1.21x at batch 8
-(benchmarks/compiled_step.py, docs/benchmarks.md). On CUDA it is also captured as a CUDA graph per bucket
-(mode "reduce-overhead"), which is what removes the per-kernel launch cost. The KV pool, which the graph
-writes in place, is marked as a static input so the capture may keep its address.
+On CPU each bucket's graph is compiled ahead of time (engine/aot_graphs.py: exported, compiled by AOTInductor
+into a shared library, called with a flat list of tensors and no guards): one cached dual step 2.12x eager at
+batch 1 and 1.71x at batch 8, against 1.75x and 1.57x through torch.compile with inductor's C++ wrapper, whose
+guards and wrapper were the rest of the step's cost (benchmarks/compiled_step.py, docs/benchmarks.md "Ahead of
+time"). On CUDA it is torch.compile's graph captured as a CUDA graph per bucket (mode "reduce-overhead"), which
+is what removes the per-kernel launch cost; the KV pool, which the graph writes in place, is marked as a static
+input so the capture may keep its address.
 
 The graph writes the pool in place because `KVFrame` (engine/model.py) writes with an `index_put_` on the
 pool tensor itself, a graph input. Written through a view of it instead (the flat `.view(-1, head_dim)` it
@@ -28,9 +30,10 @@ used before), inductor functionalized the write into a clone of the whole pool a
 call, so a compiled cached step cost the pool's size (2-3x slower than eager with an 8-row pool, CPU, torch
 2.13); tests/test_compiled.py checks that the output code has no pass over the whole pool.
 
-Compiled graphs land in PyTorch's on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default under /tmp), so a
-restart re-traces but does not recompile: engine.warm_up logs both times. Quantized (torchao) weights are
-refused: their tensor subclasses recompile at every step until dynamo's limit (measured on CPU).
+Compiled graphs land on disk (under TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_$USER), so a restart
+exports again but does not recompile: engine.warm_up logs its time, and each graph's build is logged.
+Quantized (torchao) weights are refused: through torch.compile their tensor subclasses recompiled at every step
+until dynamo's limit (measured on CPU); ahead-of-time graphs over them are untried.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import threading
 import torch
 from torch._dynamo.utils import counters
 
+from engine.aot_graphs import AheadOfTimeGraphs
 from engine.model import KVFrame, LogitIndex
 
 logger = logging.getLogger(__name__)
@@ -86,12 +90,12 @@ class StaticShapes:
         device = next(model.parameters()).device
         self.on_cuda = device.type == "cuda"
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
-        for limit in ("recompile_limit", "accumulated_recompile_limit"):  # process-wide settings: only raised
-            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), MAX_GRAPHS))
         if self.on_cuda:
+            for limit in ("recompile_limit", "accumulated_recompile_limit"):  # process-wide settings: only raised
+                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), MAX_GRAPHS))
             self._compiled = torch.compile(_forward, dynamic=False, mode="reduce-overhead")
-        else:  # inductor's C++ wrapper calls the kernels without Python in between (a mode excludes options)
-            self._compiled = torch.compile(_forward, dynamic=False, options={"cpp_wrapper": True})
+        else:
+            self._graphs = AheadOfTimeGraphs(model, _forward)
         self.shapes: set[tuple] = set()
         self.warmed_up = False
         self.recompiles = 0
@@ -124,23 +128,38 @@ class StaticShapes:
         args = [input_ids, attention_mask, logit_index.columns]
         args += [None] * 4 if kv is None else [kv.buffer, kv.columns, kv.positions, kv.key_mask]
         key = [None if a is None else tuple(a.shape) for a in args]
-        if kv is not None and self.on_cuda:
-            torch._dynamo.mark_static_address(kv.buffer)  # written in place by the captured graph
-        elif kv is not None:  # the key window (`key_window`): symbolic, the rest of the shapes static
-            torch._dynamo.mark_dynamic(kv.key_mask, 1)
-            key[-1] = (key[-1][0], "keys")
+        if kv is not None and not self.on_cuda:
+            key[-1] = (key[-1][0], "keys")  # the key window (`key_window`): symbolic, the rest of the shapes static
         key = tuple(key)
-        # Dynamo's own count of the graphs it built, so that a recompile a guard forces on a known shape counts
-        # too, not only a new shape. Steps run one at a time, so the difference is this call's.
-        graphs_before = counters["stats"]["unique_graphs"]
-        logits = self._compiled(model, *args)
-        new_graphs = counters["stats"]["unique_graphs"] - graphs_before
+        if self.on_cuda:
+            logits, new_graphs = self._captured(model, kv, args)
+        else:
+            # The forward asks the rotary tables for at most the canvas (uncached) or the pool's width (cached).
+            model.rotary.fill(input_ids.shape[1] if kv is None else kv.buffer.shape[4], input_ids.device)
+            # Windows up to one less than the pool's width: at the full width the key slice is the whole pool,
+            # which export specialises on; the pool keeps a column past every canvas (engine/kv_slots.py).
+            window = None if kv is None else (6, range(2, kv.buffer.shape[4]))
+            # Contiguous inputs (engine/aot_graphs.py); the pool is so by construction, and written in place.
+            args = [a if a is None or (kv is not None and a is kv.buffer) else a.contiguous() for a in args]
+            logits, built = self._graphs(key, args, window)
+            new_graphs = int(built)
         with self._lock:
             self.shapes.add(key)
             if new_graphs and self.warmed_up:
                 self.recompiles += new_graphs
                 logger.warning("compiled a graph after warm-up (a shape it did not cover, or a failed guard): %s", key)
         return logits if logit_index.real is None else logits[logit_index.real]
+
+
+    def _captured(self, model, kv: KVFrame | None, args: list) -> tuple[torch.Tensor, int]:
+        """The CUDA graph of these shapes (torch.compile, mode reduce-overhead), and how many graphs it built."""
+        if kv is not None:
+            torch._dynamo.mark_static_address(kv.buffer)  # written in place by the captured graph
+        # Dynamo's own count of the graphs it built, so that a recompile a guard forces on a known shape counts
+        # too, not only a new shape. Steps run one at a time, so the difference is this call's.
+        graphs_before = counters["stats"]["unique_graphs"]
+        logits = self._compiled(model, *args)
+        return logits, counters["stats"]["unique_graphs"] - graphs_before
 
 
 def static_shapes_of(model) -> StaticShapes | None:

@@ -13,6 +13,7 @@ tests/fixtures/llada-tiny/README.md); the only additions are the serving-oriente
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -47,8 +48,14 @@ class RotaryCache:
         self.theta = theta
         self.initial_length = initial_length
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._served: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def get(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._served is not None:
+            cos, sin = self._served
+            if cos.shape[0] < length:
+                raise RuntimeError(f"the served rotary tables hold {cos.shape[0]} positions; {length} were asked for")
+            return cos[:length], sin[:length]
         cos, sin = self._tables.get(device, (None, None))
         if cos is None or cos.shape[0] < length:
             size = max(length, self.initial_length)
@@ -66,6 +73,21 @@ class RotaryCache:
         while the table is missing or too short builds it as a side effect and guards on the old one, so every
         graph compiled before recompiles at its next call."""
         self.get(length, device)
+
+    def current(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole tables as they stand (built at their initial length if missing)."""
+        self.get(self.initial_length, device)
+        return self._tables[device]
+
+    @contextmanager
+    def serving(self, cos: torch.Tensor, sin: torch.Tensor):
+        """Within it, `get` slices these tables: an ahead-of-time graph (engine/aot_graphs.py) takes them as
+        inputs rather than as tensors of the model frozen into it. They never grow: asking for more is an error."""
+        self._served = (cos, sin)
+        try:
+            yield
+        finally:
+            self._served = None
 
 
 def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import zipfile
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import torch
 from engine import DiffusionEngine, SamplingParams, SchedulerConfig
 from engine.compiled import COMPILED_SPAN, StaticShapes, length_bucket
 from engine.kv_slots import kv_slots
-from engine.model import LogitIndex
+from engine.model import KVFrame, LogitIndex
 from engine.warm_up import WarmUpPlan, default_batch_sizes
 from server.engine_setup import check_engine_configuration
 from tests import test_dream_kv_cache, test_dream_reference, test_kv_cache, test_reference_generate
@@ -202,18 +203,16 @@ def test_prefix_warm_up_steps_every_block_because_its_cached_query_shrinks_block
 
 
 @pytest.mark.slow
-# Past dynamo's graph limit a shape would run eagerly instead, and give the same tokens: make it an error.
-@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 def test_compiled_forward_gives_the_eager_tokens_and_warm_up_covers_its_shapes():
     """Temperature 0, alone and batched, every cache mode: the compiled engine commits the eager engine's tokens;
     after a warm-up of the same shapes, serving compiles nothing new: no new shape, and no known shape whose
-    guards fail (as they did when the first traced call built the rotary table)."""
+    rotary tables grew (as they did when the first call built them)."""
     config = SchedulerConfig(max_batch_size=5)
     eager = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False, scheduler_config=config)
     compiled = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=True, scheduler_config=config)
     assert compiled.compiled and not eager.compiled
     compiled.warm_up(dataclasses.replace(TINY_PLAN, batch_sizes=(1, 2, 3, 4, 5), kv_cache=("none", "prefix", "dual")))
-    assert compiled.stats.snapshot()["dllm_compiled_shapes"] > 8  # more than dynamo's default limit of graphs
+    assert compiled.stats.snapshot()["dllm_compiled_shapes"] > 8
     for mode in ("none", "prefix", "dual"):
         params = SamplingParams(gen_length=16, block_length=8, num_denoising_steps=16, kv_cache=mode)
         for prompt in PROMPTS:
@@ -271,34 +270,62 @@ def test_compiled_engine_reproduces_every_official_fixture_run(family, fixture):
     engine.shutdown()
 
 
-@pytest.mark.slow
-def test_compiled_cached_forward_writes_the_pool_in_place_without_a_whole_pool_copy():
-    """The compiled graph must write the fresh keys and values into the pool itself: inductor's output code
-    has no pass over the whole pool (a functionalized write clones it and copies it all back per call, which
-    makes a compiled step cost the pool's size), and the pool ends up with eager's writes."""
-    from torch._inductor.utils import run_and_get_code
-
-    from engine.compiled import _forward
-    from engine.model import KVFrame, LogitIndex
-
-    torch._dynamo.reset()
-    model = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False).model.eval()
+def cached_step_inputs(model, rows: int = 4, width: int = 128, computed: int = 8):
+    """A cached forward's inputs: two batch rows in a pool of `rows` (larger than the frame, so that a pass over
+    the whole pool would show), eight computed positions each at their own columns, and the key masks."""
     c = model.config
-    rows, width, computed = 4, 128, 8  # a pool larger than the frame's rows: a whole-pool pass shows up
     generator = torch.Generator().manual_seed(0)
     pool = torch.randn(c.n_layers, 2, rows, c.n_kv_heads, width, c.head_dim, generator=generator)
-    batch = 2
-    input_ids = torch.randint(5, 300, (batch, computed), generator=generator)
+    input_ids = torch.randint(5, 300, (2, computed), generator=generator)
     columns = torch.stack([torch.arange(20, 20 + computed), torch.arange(40, 40 + computed)])
     key_mask = torch.arange(width)[None, :] < torch.tensor([[60], [90]])
-    grid = torch.arange(computed).repeat(batch, 1)
-    args = (input_ids, None, grid, pool, columns, columns.clone(), key_mask)
+    return input_ids, LogitIndex(torch.arange(computed).repeat(2, 1)), pool, columns, key_mask
+
+
+@pytest.mark.slow
+def test_the_ahead_of_time_graph_writes_the_pool_in_place_and_gives_eagers_logits(tmp_path, monkeypatch):
+    """The compiled graph must write the fresh keys and values into the pool itself, where eager writes them:
+    its kernels have no pass over the whole pool (a functionalized write clones it and copies it all back per
+    call, which makes a compiled step cost the pool's size). The key mask is a slice of a wider one (strided),
+    as the graph must not read it as if contiguous. A key window as wide as the pool, outside the exported
+    range (the pool keeps a column past every canvas), is refused rather than run."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False).model.eval()
+    static = StaticShapes(model)
+    input_ids, index, pool, columns, key_mask = cached_step_inputs(model)
+    computed = input_ids.shape[1]
     with torch.inference_mode():
-        before, eager_pool = pool.clone(), pool.clone()
-        eager = model.forward(input_ids, logit_index=LogitIndex(grid), kv=KVFrame(eager_pool, *args[4:]))
-        logits, code = run_and_get_code(torch.compile(_forward, dynamic=False), model, *args)
-    code = "\n".join(code)
-    assert f"{pool.numel()}L" not in code  # no kernel loops over every element of the pool
-    torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(pool, eager_pool, rtol=1e-4, atol=1e-4)  # written where eager writes
-    assert not torch.equal(pool[:, :, 0, :, 20 : 20 + computed], before[:, :, 0, :, 20 : 20 + computed])
+        for window in (key_mask[:, :96], key_mask[:, :70]):  # one graph serves both widths
+            eager_pool, graph_pool = pool.clone(), pool.clone()
+            eager = model.forward(input_ids, logit_index=index, kv=KVFrame(eager_pool, columns, columns, window))
+            logits = static(model, input_ids, None, index, KVFrame(graph_pool, columns, columns.clone(), window))
+            torch.testing.assert_close(logits, eager, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(graph_pool, eager_pool, rtol=1e-4, atol=1e-4)  # written where eager writes
+            assert not torch.equal(graph_pool[:, :, 0, :, 20 : 20 + computed], pool[:, :, 0, :, 20 : 20 + computed])
+        with pytest.raises(ValueError, match="a key window of 128 columns, outside the graph's range"):
+            static(model, input_ids, None, index, KVFrame(pool, columns, columns, key_mask))
+    (graph,) = static._graphs.graphs.values()
+    with zipfile.ZipFile(graph.package) as package:
+        kernels = [package.read(name).decode() for name in package.namelist() if name.endswith(".cpp")]
+    assert kernels and not any(f"{pool.numel()}L" in code for code in kernels)  # no loop over the whole pool
+
+
+@pytest.mark.slow
+def test_a_restart_loads_its_graphs_from_the_disk_cache_without_compiling(tmp_path, monkeypatch):
+    """A second process (here: a second model) exports the same graph and finds it on disk: nothing compiles."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    outputs = []
+    for attempt in range(2):
+        model = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu", compile=False).model.eval()
+        static = StaticShapes(model)
+        input_ids, index, pool, columns, key_mask = cached_step_inputs(model)
+        with torch.inference_mode():
+            outputs.append(static(model, input_ids, None, index, KVFrame(pool, columns, columns, key_mask[:, :96])))
+        if attempt == 0:
+            assert len(list((tmp_path / "dllm-aot").glob("*.pt2"))) == 1
+
+            def no_compiling(*args, **kwargs):
+                raise AssertionError("compiled again: the disk cache was not used")
+
+            monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiling)
+    assert torch.equal(outputs[0], outputs[1])

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import DiffusionEngine
 from engine.loading import dtype_from_name, load_model, resolve_model_dir, weight_files
-from engine.model import LogitIndex
+from engine.model import LogitIndex, RotaryCache
 from tests.fixture_paths import FIXTURE_DIR, reference
 
 
@@ -150,3 +150,18 @@ def test_a_block_length_declared_in_generation_config_is_the_default_requests(tm
         generation_file.write_text(json.dumps({**generation, "block_length": bad}))
         with pytest.raises(ValueError, match="block_length"):
             DiffusionEngine.from_pretrained(tmp_path / "m", device="cpu")
+
+
+def test_served_rotary_tables_are_sliced_never_grown():
+    """An ahead-of-time graph hands the model its rotary tables as inputs (engine/aot_graphs.py): within
+    `serving`, `get` slices them, asking for more than they hold is an error, and after it the model's own
+    tables are back."""
+    rotary = RotaryCache(head_dim=8, theta=10000.0, initial_length=16)
+    own_cos, _ = rotary.current(torch.device("cpu"))
+    served = torch.arange(40.0).view(5, 8), -torch.arange(40.0).view(5, 8)
+    with rotary.serving(*served):
+        cos, sin = rotary.get(3, torch.device("cpu"))
+        assert torch.equal(cos, served[0][:3]) and torch.equal(sin, served[1][:3])
+        with pytest.raises(RuntimeError, match="hold 5 positions; 6 were asked for"):
+            rotary.get(6, torch.device("cpu"))
+    assert torch.equal(rotary.get(16, torch.device("cpu"))[0], own_cos)
