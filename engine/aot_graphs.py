@@ -73,7 +73,7 @@ class AheadOfTimeGraphs:
     """The graphs of `forward(model, *args)` (args: tensors or None), built on first use of each shape key."""
 
     def __init__(self, model: torch.nn.Module, forward: Callable, cache_dir: Path | None = None):
-        self.model, self.forward = model, forward
+        self.model = model
         self._exportable = _Exportable(model, forward)
         self.cache_dir = cache_dir or Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / "dllm-aot"
         self.graphs: dict[tuple, AheadOfTimeGraph] = {}
@@ -84,13 +84,13 @@ class AheadOfTimeGraphs:
         if window is not None and args[window[0]].shape[1] not in window[1]:
             raise ValueError(f"a key window of {args[window[0]].shape[1]} columns, outside the graph's {window[1]}")
         cos, sin = self.model.rotary.current(next(self.model.parameters()).device)
+        tensors = [cos, sin, *(a for a in args if a is not None)]
+        if not all(t.is_contiguous() for t in tensors):
+            raise ValueError("an ahead-of-time graph takes contiguous inputs (it reads them as if they were)")
         key = (*key, tuple(cos.shape))
         built = key not in self.graphs
         if built:
             self.graphs[key] = self._build(key, [cos, sin, *args], window)
-        tensors = [cos, sin, *(a for a in args if a is not None)]
-        if not all(t.is_contiguous() for t in tensors):
-            raise ValueError("an ahead-of-time graph takes contiguous inputs (it reads them as if they were)")
         return self.graphs[key](tensors), built
 
     def _build(self, key: tuple, inputs: list, window: tuple[int, range] | None) -> AheadOfTimeGraph:
@@ -134,6 +134,7 @@ class AheadOfTimeGraphs:
             for node in program.graph.nodes
             if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor)
         ]
-        setup = (torch.__version__, str(torch._inductor.cpu_vec_isa.pick_vec_isa()), torch.get_num_threads())
+        isa = str(torch._inductor.cpu_vec_isa.pick_vec_isa())
+        setup = (torch.__version__, isa, torch.get_num_threads(), INDUCTOR_CONFIGS)
         text = repr((program.graph_module.code, placeholders, str(program.range_constraints), setup))
         return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -81,7 +81,7 @@ class StaticShapes:
     """The compiled forward of one model and the buckets its steps are padded into.
 
     batch_sizes: the batch buckets, ascending; a batch larger than the last runs at its own size (a shape of
-    its own, compiled when first seen). Every graph dynamo builds once warm-up has ended (`warmed_up`) counts
+    its own, compiled when first seen). Every graph built once warm-up has ended (`warmed_up`) counts
     as a recompile (`recompiles`), the number /metrics exposes: it should stay 0 once warm-up covers the traffic.
     """
 
@@ -149,7 +149,6 @@ class StaticShapes:
                 self.recompiles += new_graphs
                 logger.warning("compiled a graph after warm-up (a shape it did not cover, or a failed guard): %s", key)
         return logits if logit_index.real is None else logits[logit_index.real]
-
 
     def _captured(self, model, kv: KVFrame | None, args: list) -> tuple[torch.Tensor, int]:
         """The CUDA graph of these shapes (torch.compile, mode reduce-overhead), and how many graphs it built."""
