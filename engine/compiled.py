@@ -138,7 +138,7 @@ class StaticShapes:
             model.rotary.fill(input_ids.shape[1] if kv is None else kv.buffer.shape[4], input_ids.device)
             # Windows up to one less than the pool's width: at the full width the key slice is the whole pool,
             # which export specialises on; the pool keeps a column past every canvas (engine/kv_slots.py).
-            window = None if kv is None else (6, range(2, kv.buffer.shape[4]))
+            window = None if kv is None else (len(args) - 1, range(2, kv.buffer.shape[4]))  # the key mask's width
             # Contiguous inputs (engine/aot_graphs.py); the pool is so by construction, and written in place.
             args = [a if a is None or (kv is not None and a is kv.buffer) else a.contiguous() for a in args]
             logits, built = self._graphs(key, args, window)

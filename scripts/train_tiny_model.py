@@ -346,7 +346,7 @@ def main() -> None:
         [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
         lr=LR,
         betas=(0.9, 0.98),
-        fused=True,  # one kernel over all parameters: the optimiser step 18.6 -> 4.9 ms of a ~140 ms step here
+        fused=True,  # fused kernels instead of a chain of foreach ops: the step 18.6 -> 4.9 ms of a ~140 ms step here
     )
     batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states)
     probe = heldout_examples(120, phrasing="heldout")
