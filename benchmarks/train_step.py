@@ -1,18 +1,20 @@
 """What one training step of the embedded model's recipe costs, eager against compiled (issue 28).
 
 The recipe's budget is minutes, so a faster step is more training. This times `scripts/train_tiny_model.py`'s
-own step (`train_step`: its loss, backward, clipping and optimiser step; its Batcher, model and an AdamW)
-on the same pre-drawn batches, in one process:
+own step (`train_step`: its loss, backward, clipping and optimiser step; its Batcher, model and optimiser)
+on the same pre-drawn batches, in one process, after timing the draw of those batches:
 
-  eager       the model's forward and backward as PyTorch runs them
-  compiled    the trainer's default: `compiled_for_training` (inductor, one dynamic graph per mask case)
-  compiled, bf16   the same forward under bfloat16 autocast (products in bfloat16, weights and optimiser in
-              float32): what a CPU with AMX might gain (on this one it lost: models/tiny-llada-chat/README.md)
+  eager                    the model's forward and backward as PyTorch runs them, foreach AdamW
+  compiled, foreach AdamW  `compiled_for_training` (inductor, one dynamic graph per mask case): the trainer before
+  compiled, fused AdamW    the same with the optimiser's fused kernels: the trainer's default (`optimizer`)
+  compiled, fused, bf16    the same forward under bfloat16 autocast (products in bfloat16, weights and optimiser
+                           in float32): what a CPU with AMX might gain (on this one it lost:
+                           models/tiny-llada-chat/README.md)
 
 Each variant trains its own copy of the same initial weights; the first `--warm` steps (the compile) are
-timed apart from the `--steps` after them. Rounds alternate the variants (eager, compiled, eager, ...), so a
-noisy machine slows both alike; the ratio is of medians. The losses of the two after the same batches are
-printed too: compiling changes the order of floating-point sums, not the maths (bfloat16 changes the rounding).
+timed apart from the `--steps` after them. Rounds alternate the variants, so a noisy machine slows them alike;
+the ratio is of medians. The losses of each against eager's after the same batches are printed too: compiling
+and fusing change the order of floating-point sums, not the maths (bfloat16 changes the rounding).
 
 Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 32]
 """
@@ -52,9 +54,9 @@ def in_bfloat16(forward):
     return autocast_forward
 
 
-def train(forward, model, batches) -> tuple[list[float], float]:
-    """The trainer's step on each of `batches`; the losses and the seconds it took."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
+def train(forward, model, batches, fused: bool) -> tuple[list[float], float]:
+    """The trainer's step on each of `batches`, with its optimiser; the losses and the seconds it took."""
+    opt = trainer.optimizer(model, fused=fused)
     start = time.perf_counter()
     losses = [trainer.train_step(forward, model, opt, batch) for batch in batches]
     return losses, time.perf_counter() - start
@@ -74,33 +76,37 @@ def main() -> None:
     config = LLaDAConfig.from_file(MODEL_DIR / "config.json")
     tok = ChatTokenizer.from_pretrained(MODEL_DIR, config)
     batcher = trainer.Batcher(tok, random.Random(0), 0, args.batch)
+    started = time.perf_counter()
     batches = [batcher.draw() for _ in range(args.warm + args.steps)]
+    print(f"drawing a batch: {(time.perf_counter() - started) / len(batches) * 1e3:.1f} ms", flush=True)
     initial = LLaDAModelLM(config)
     trainer.init_weights(initial)
 
+    # name: (the forward, a fused optimiser)
     variants = {
-        "eager": lambda m: m,
-        "compiled": trainer.compiled_for_training,
-        "compiled, bf16": lambda m: in_bfloat16(trainer.compiled_for_training(m)),
+        "eager": (lambda m: m, False),
+        "compiled, foreach AdamW": (trainer.compiled_for_training, False),
+        "compiled, fused AdamW (the trainer's)": (trainer.compiled_for_training, True),
+        "compiled, fused, bf16": (lambda m: in_bfloat16(trainer.compiled_for_training(m)), True),
     }
     models, forwards, times = {}, {}, {name: [] for name in variants}
     first_losses = {}
-    for name, wrap in variants.items():  # warm-up round: the compile, and the losses compared below
+    for name, (wrap, fused) in variants.items():  # warm-up round: the compile, and the losses compared below
         models[name] = copy.deepcopy(initial).train()
         forwards[name] = wrap(models[name])
-        losses, seconds = train(forwards[name], models[name], batches[: args.warm])
+        losses, seconds = train(forwards[name], models[name], batches[: args.warm], fused)
         first_losses[name] = losses
-        print(f"{name:9s} warm-up {args.warm} steps: {seconds:6.1f} s", flush=True)
+        print(f"{name:38s} warm-up {args.warm} steps: {seconds:6.1f} s", flush=True)
     for _ in range(args.rounds):
-        for name in variants:
-            _, seconds = train(forwards[name], models[name], batches[args.warm :])
+        for name, (_, fused) in variants.items():
+            _, seconds = train(forwards[name], models[name], batches[args.warm :], fused)
             times[name].append(args.steps / seconds)
     print(f"\nbatch {args.batch}, {args.steps} steps x {args.rounds} rounds, 2 threads (median steps/s):")
     eager = statistics.median(times["eager"])
     for name in variants:
         rate = statistics.median(times[name])
         rounds = ", ".join(f"{r:.2f}" for r in times[name])
-        print(f"  {name:9s} {rate:5.2f} steps/s   {rate / eager:4.2f}x eager   rounds: {rounds}")
+        print(f"  {name:38s} {rate:5.2f} steps/s   {rate / eager:4.2f}x eager   rounds: {rounds}")
     for name in list(variants)[1:]:
         diff = max(abs(a - b) for a, b in zip(first_losses["eager"], first_losses[name]))
         print(f"largest loss difference over the first {args.warm} steps, eager vs {name}: {diff:.2e}")
