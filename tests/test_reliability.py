@@ -529,7 +529,9 @@ def test_sigterm_drains_running_streams_refuses_new_work_and_exits(tmp_path):
     grace = 30
     with running_server(tmp_path, {"DLLM_SHUTDOWN_GRACE_S": str(grace)}) as server:
         client = httpx.Client(base_url=server.base_url, timeout=HANG_GUARD_S)
-        body = {**SHORT, "max_tokens": 64, "num_denoising_steps": 64, "temperature": 0.8, "seed": 5}
+        # Long enough to outlast the checks below on a fast CPU: at 64 steps both streams could finish before
+        # the refused request was sent, and the drain, with nothing left to wait for, closed the listener.
+        body = {**SHORT, "max_tokens": 256, "num_denoising_steps": 256, "temperature": 0.8, "seed": 5}
         expected = content(client.post("/v1/chat/completions", json=body))
         streams = [
             client.send(
