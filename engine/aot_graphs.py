@@ -73,17 +73,20 @@ class AheadOfTimeGraphs:
     """The graphs of `forward(model, *args)` (args: tensors or None), built on first use of each shape key."""
 
     def __init__(self, model: torch.nn.Module, forward: Callable, cache_dir: Path | None = None):
-        self.model = model
+        self.model, self.device = model, next(model.parameters()).device
         self._exportable = _Exportable(model, forward)
         self.cache_dir = cache_dir or Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / "dllm-aot"
         self.graphs: dict[tuple, AheadOfTimeGraph] = {}
 
-    def __call__(self, key: tuple, args: list, window: tuple[int, range] | None) -> tuple[torch.Tensor, bool]:
+    def __call__(
+        self, key: tuple, args: list, window: tuple[int, range] | None, rotary_length: int
+    ) -> tuple[torch.Tensor, bool]:
         """(the forward's output, whether a graph was built for this call). `window`: (the index in `args` of the
-        tensor whose dimension 1 is the symbolic key window, the widths the graph accepts), or None."""
+        tensor whose dimension 1 is the symbolic key window, the widths the graph accepts), or None.
+        `rotary_length`: the most positions the forward asks the rotary tables for."""
         if window is not None and args[window[0]].shape[1] not in window[1]:
             raise ValueError(f"a key window of {args[window[0]].shape[1]} columns, outside the graph's {window[1]}")
-        cos, sin = self.model.rotary.current(next(self.model.parameters()).device)
+        cos, sin = self.model.rotary.current(rotary_length, self.device)
         tensors = [cos, sin, *(a for a in args if a is not None)]
         if not all(t.is_contiguous() for t in tensors):
             raise ValueError("an ahead-of-time graph takes contiguous inputs (it reads them as if they were)")

@@ -135,13 +135,13 @@ class StaticShapes:
             logits, new_graphs = self._captured(model, kv, args)
         else:
             # The forward asks the rotary tables for at most the canvas (uncached) or the pool's width (cached).
-            model.rotary.fill(input_ids.shape[1] if kv is None else kv.buffer.shape[4], input_ids.device)
+            rotary_length = input_ids.shape[1] if kv is None else kv.buffer.shape[4]
             # Windows up to one less than the pool's width: at the full width the key slice is the whole pool,
             # which export specialises on; the pool keeps a column past every canvas (engine/kv_slots.py).
             window = None if kv is None else (len(args) - 1, range(2, kv.buffer.shape[4]))  # the key mask's width
             # Contiguous inputs (engine/aot_graphs.py); the pool is so by construction, and written in place.
             args = [a if a is None or (kv is not None and a is kv.buffer) else a.contiguous() for a in args]
-            logits, built = self._graphs(key, args, window)
+            logits, built = self._graphs(key, args, window, rotary_length)
             new_graphs = int(built)
         with self._lock:
             self.shapes.add(key)

@@ -74,9 +74,9 @@ class RotaryCache:
         graph compiled before recompiles at its next call."""
         self.get(length, device)
 
-    def current(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole tables as they stand (built at their initial length if missing)."""
-        self.get(self.initial_length, device)
+    def current(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole tables as they stand, grown first if they hold fewer than `length` positions."""
+        self.get(length, device)
         return self._tables[device]
 
     @contextmanager

@@ -157,7 +157,7 @@ def test_served_rotary_tables_are_sliced_never_grown():
     `serving`, `get` slices them, asking for more than they hold is an error, and after it the model's own
     tables are back."""
     rotary = RotaryCache(head_dim=8, theta=10000.0, initial_length=16)
-    own_cos, _ = rotary.current(torch.device("cpu"))
+    own_cos, _ = rotary.current(16, torch.device("cpu"))
     served = torch.arange(40.0).view(5, 8), -torch.arange(40.0).view(5, 8)
     with rotary.serving(*served):
         cos, sin = rotary.get(3, torch.device("cpu"))
