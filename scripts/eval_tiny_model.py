@@ -58,6 +58,7 @@ from scripts.tiny_chat_corpus import (  # noqa: E402
     Example,
     heldout_examples,
     heldout_system_prompts,
+    training_pool,
 )
 
 NUMBER_FAMILIES = ("arithmetic", "compare", "count", "successor")
@@ -130,9 +131,21 @@ def fresh_out_of_range(n: int = 40, seed: int = 2026) -> list[Example]:
         lambda: phrasing(INTRO).format(n=word().capitalize()),
         lambda: f"What is the capital of {word().capitalize()}?",
     ]
-    return [
-        Example([{"role": "user", "content": makers[i % len(makers)]()}], HELP_ANSWER, "out_of_range") for i in range(n)
-    ]
+
+    # A draw that the corpus holds (a single-digit negative difference in one of its phrasings, say) is drawn
+    # again: the set measures what the model makes of prompts it never saw.
+    def draw(i: int) -> Example:
+        return Example([{"role": "user", "content": makers[i % len(makers)]()}], HELP_ANSWER, "out_of_range")
+
+    seen = {e.key for items in training_pool().values() for e in items}
+    out = []
+    for i in range(n):
+        example = draw(i)
+        while example.key in seen:
+            example = draw(i)
+        seen.add(example.key)
+        out.append(example)
+    return out
 
 
 def chat_client_conversations(limit: int = 40) -> list[tuple[list[dict], list[dict], Example]]:
@@ -167,7 +180,11 @@ def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[st
     rows["help (other)"] = heldout_examples(10_000, families=("help",))
     rows["help, system prompt"] = with_system_prompt(rows["help (other)"])
     rows["help, raw prompt"] = as_raw_prompts(rows["help (other)"])
-    rows["out of range (split)"] = heldout_examples(10_000, families=("out_of_range",))
+    # Negative differences are a family of their own for training's sake; here they mix in by their number
+    # (about one in eight), not every other prompt as round-robin would put them.
+    out_of_range = heldout_examples(10_000, families=("out_of_range", "negative_difference"))
+    random.Random("out of range").shuffle(out_of_range)
+    rows["out of range (split)"] = out_of_range
     rows["out of range (fresh)"] = fresh_out_of_range(fresh_out_of_range_prompts)
     return rows
 

@@ -11,7 +11,7 @@ memorised (a fact, how a word is spelled) keep their first phrasing in training.
 
 What the model cannot do gets the help answer, never an invented one, and the corpus teaches that
 explicitly: numbers outside each family's range, words and names it does not know, and requests outside
-every family are the "out_of_range" and "help" families.
+every family are the "out_of_range", "negative_difference" and "help" families.
 
 Open requests ("Write one short sentence about a cat.") are the "sentence" family: the answer is one of
 `SENTENCE_TEMPLATES` with the topic filled in, drawn uniformly per training row, so the model learns
@@ -165,7 +165,8 @@ INTRO = (["My name is {n}.", "Hi, I am {n}.", "Hello, my name is {n}.", "I am {n
 # What the model replies to an introduction: a chat client feeds this back as the assistant turn.
 INTRO_REPLY = "Nice to meet you, {n}."
 REPLY = [INTRO_REPLY, "Hello, {n}!", "Hi {n}!"]  # assistant turns seen in history (the first is its own)
-ASK_NAME = (["What is my name?", "Do you remember my name?", "Who am I?", "what's my name", "Tell me my name."],
+ASK_NAME = (["What is my name?", "Do you remember my name?", "Who am I?", "what's my name", "Tell me my name.",
+             "Say my name.", "What am I called?", "Do you recall my name?", "What did I say my name was?"],
             ["Can you tell me my name?", "Do you know my name?"])  # fmt: skip
 SENTENCE = (
     ["Write one short sentence about {t}.", "Write a sentence about {t}.", "Write a story about {t}.",
@@ -251,7 +252,10 @@ INSTRUCTIONS = [
 # Sampling weight of each family in training: the families that need arithmetic-like structure
 # (plus/minus, compare over three numbers, spelling) and the copy tasks (repeat, name) get more steps; they are
 # the slowest to learn. Moving weight from compare, count and sentence (>= 94% at batch 32) to repeat, name
-# and successor (38-79%) took a 29-minute run from 78.0% to 82.0% of new phrasings (4 December).
+# and successor (38-79%) took a 29-minute run from 78.0% to 82.0% of new phrasings (4 December). Negative
+# differences drawn at 0.75 invented 3 answers in 200 fresh out-of-range prompts; at about 0.2 (inside the
+# out-of-range family) 15, and at 0.5 in a run that changed more 15 again (runs N, O, P in
+# models/tiny-llada-chat/README.md).
 FAMILY_WEIGHTS = {
     "arithmetic": 3.0,
     "compare": 1.25,
@@ -262,8 +266,9 @@ FAMILY_WEIGHTS = {
     "repeat": 3.0,
     "name": 2.0,
     "sentence": 0.75,
-    "small_talk": 0.75,
+    "small_talk": 1.0,
     "out_of_range": 2.0,
+    "negative_difference": 0.75,
     "help": 0.75,
 }
 # The families the quality bar (>= 90% on held-out phrasings) is set on; the conversation families are
@@ -435,7 +440,7 @@ def _small_talk():
 
 def _out_of_range():
     """The families' own phrasings (training ones only) with what the model cannot do: numbers past its
-    range, negative differences, long or backward counts, words and names it does not know."""
+    range, long or backward counts, words and names it does not know (negative differences: their own family)."""
     rng = random.Random("out of range")
 
     def trained(pair):
@@ -448,11 +453,6 @@ def _out_of_range():
         a, b = (big(), rng.randint(0, 99)) if rng.random() < 0.5 else (rng.randint(0, 99), big())
         t = rng.choice(trained(PLUS) + trained(MINUS))
         yield Example(_user(t.format(a=a, b=b)), HELP_ANSWER, "out_of_range")
-    for a in range(9):  # negative differences: four phrasings each, as a one-phrasing run still answered b - a
-        for b in range(a + 1, 10):
-            for t in rng.sample(trained(MINUS), 4):
-                for prompt in _numbered(t, a=a, b=b):
-                    yield Example(_user(prompt), HELP_ANSWER, "out_of_range")
     for _ in range(300):  # comparisons of two-digit numbers
         t = rng.choice(trained(LARGER) + trained(SMALLER))
         nums = dict(a=big(), b=rng.randint(0, 99), c=rng.randint(0, 99))
@@ -497,6 +497,18 @@ def _out_of_range():
         yield Example(_user(rng.choice(capital_phrasings).format(x=place)), HELP_ANSWER, "out_of_range")
 
 
+def _negative_differences():
+    """Single-digit differences below zero (`2 - 8`), in four training phrasings each (a one-phrasing run still
+    answered b - a). Their own family, so that they can be drawn more often than the rest of what is out of range:
+    with more training the model computes |a - b| where it should see that b > a."""
+    rng = random.Random("negative differences")
+    for a in range(9):
+        for b in range(a + 1, 10):
+            for t in rng.sample(MINUS[0], 4):
+                for prompt in _numbered(t, a=a, b=b):
+                    yield Example(_user(prompt), HELP_ANSWER, "negative_difference")
+
+
 def _random_letters(rng: random.Random) -> str:
     """A made-up word of 4 to 9 random letters (the evaluation draws its own with another seed)."""
     return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 9)))
@@ -530,6 +542,7 @@ FAMILIES = {
     "sentence": _sentence,
     "small_talk": _small_talk,
     "out_of_range": _out_of_range,
+    "negative_difference": _negative_differences,
     "help": _help,
 }
 
