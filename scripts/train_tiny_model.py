@@ -138,7 +138,12 @@ class Batcher:
     """
 
     def __init__(
-        self, tok: ChatTokenizer, rng: random.Random, seed: int, batch: int = BATCH, block_states: float = 0.0
+        self,
+        tok: ChatTokenizer,
+        rng: random.Random,
+        seed: int,
+        batch: int = BATCH,
+        block_states: float = BLOCK_STATE_SHARE,
     ):
         self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
         self.gen = torch.Generator().manual_seed(seed)
