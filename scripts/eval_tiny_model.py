@@ -107,7 +107,7 @@ def uses_number_words(example: Example) -> bool:
 
 def fresh_out_of_range(n: int = 40, seed: int = 2026) -> list[Example]:
     """Prompts the model must answer with the help answer, drawn at run time in every family's phrasings
-    (held-out ones included): numbers past the family's range, negative differences, long counts, made-up
+    (held-out ones included): numbers past the family's range, long counts, made-up
     words and names. Made-up words are random letters (not the corpus's syllable words)."""
     rng = random.Random(seed)
 
@@ -120,7 +120,7 @@ def fresh_out_of_range(n: int = 40, seed: int = 2026) -> list[Example]:
     makers = [
         lambda: phrasing(PLUS).format(a=rng.randint(10, 99), b=rng.randint(0, 99)),
         lambda: phrasing(MINUS).format(a=rng.randint(0, 99), b=rng.randint(10, 99)),
-        lambda: phrasing(MINUS).format(a=rng.randint(0, 4), b=rng.randint(5, 9)),
+        lambda: phrasing(MINUS).format(a=rng.randint(10, 99), b=rng.randint(0, 9)),
         lambda: phrasing(rng.choice([LARGER, SMALLER])).format(
             a=rng.randint(10, 99), b=rng.randint(10, 99), c=rng.randint(10, 99)
         ),
@@ -132,7 +132,7 @@ def fresh_out_of_range(n: int = 40, seed: int = 2026) -> list[Example]:
         lambda: f"What is the capital of {word().capitalize()}?",
     ]
 
-    # A draw that the corpus holds (a single-digit negative difference in one of its phrasings, say) is drawn
+    # A draw that the corpus holds (a two-digit sum in one of its training phrasings, say) is drawn
     # again: the set measures what the model makes of prompts it never saw.
     def draw(i: int) -> Example:
         return Example([{"role": "user", "content": makers[i % len(makers)]()}], HELP_ANSWER, "out_of_range")
@@ -180,11 +180,7 @@ def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[st
     rows["help (other)"] = heldout_examples(10_000, families=("help",))
     rows["help, system prompt"] = with_system_prompt(rows["help (other)"])
     rows["help, raw prompt"] = as_raw_prompts(rows["help (other)"])
-    # Negative differences are a family of their own for training's sake; here they mix in by their number
-    # (about one in eight), not every other prompt as round-robin would put them.
-    out_of_range = heldout_examples(10_000, families=("out_of_range", "negative_difference"))
-    random.Random("out of range").shuffle(out_of_range)
-    rows["out of range (split)"] = out_of_range
+    rows["out of range (split)"] = heldout_examples(10_000, families=("out_of_range",))
     rows["out of range (fresh)"] = fresh_out_of_range(fresh_out_of_range_prompts)
     return rows
 

@@ -11,7 +11,7 @@ memorised (a fact, how a word is spelled) keep their first phrasing in training.
 
 What the model cannot do gets the help answer, never an invented one, and the corpus teaches that
 explicitly: numbers outside each family's range, words and names it does not know, and requests outside
-every family are the "out_of_range", "negative_difference" and "help" families.
+every family are the "out_of_range" and "help" families.
 
 Open requests ("Write one short sentence about a cat.") are the "sentence" family: the answer is one of
 `SENTENCE_TEMPLATES` with the topic filled in, drawn uniformly per training row, so the model learns
@@ -257,7 +257,7 @@ INSTRUCTIONS = [
 # 0.24 (inside the out-of-range family) for 15, and at 0.5 in a run that changed more for 15 again (runs N, O,
 # P in models/tiny-llada-chat/README.md).
 FAMILY_WEIGHTS = {
-    "arithmetic": 3.0,
+    "arithmetic": 3.5,
     "compare": 1.25,
     "count": 1.0,
     "successor": 1.5,
@@ -268,7 +268,6 @@ FAMILY_WEIGHTS = {
     "sentence": 0.75,
     "small_talk": 1.0,
     "out_of_range": 2.0,
-    "negative_difference": 0.75,
     "help": 0.75,
 }
 # The families the quality bar (>= 90% on held-out phrasings) is set on; the conversation families are
@@ -327,10 +326,12 @@ def _arithmetic():
             for t, held in _phrasings(PLUS):
                 for prompt in _numbered(t, a=a, b=b):
                     yield Example(_user(prompt), str(a + b), "arithmetic", heldout_phrasing=held)
-            if a >= b:
-                for t, held in _phrasings(MINUS):
-                    for prompt in _numbered(t, a=a, b=b):
-                        yield Example(_user(prompt), str(a - b), "arithmetic", heldout_phrasing=held)
+            # Differences below zero are answered too (`2 - 8` -> `-6`): trained as out of range instead, they
+            # made subtraction itself look like the help answer's task, and runs answered new phrasings of
+            # `9 minus 2` with it (models/tiny-llada-chat/README.md).
+            for t, held in _phrasings(MINUS):
+                for prompt in _numbered(t, a=a, b=b):
+                    yield Example(_user(prompt), str(a - b), "arithmetic", heldout_phrasing=held)
 
 
 def _compare_numbers(template: str, rng: random.Random):
@@ -440,7 +441,7 @@ def _small_talk():
 
 def _out_of_range():
     """The families' own phrasings (training ones only) with what the model cannot do: numbers past its
-    range, long or backward counts, words and names it does not know (negative differences: their own family)."""
+    range, long or backward counts, words and names it does not know."""
     rng = random.Random("out of range")
 
     def trained(pair):
@@ -495,18 +496,12 @@ def _out_of_range():
     capital_phrasings = FACTS[0][0]  # the capitals' training phrasings (FACTS starts with them)
     for place in made_up[40:]:  # countries it does not know
         yield Example(_user(rng.choice(capital_phrasings).format(x=place)), HELP_ANSWER, "out_of_range")
-
-
-def _negative_differences():
-    """Single-digit differences below zero (`2 - 8`), in four training phrasings each (a one-phrasing run still
-    answered b - a). Their own family, so that they can be drawn more often than the rest of what is out of range:
-    with more training the model computes |a - b| where it should see that b > a."""
-    rng = random.Random("negative differences")
-    for a in range(9):
-        for b in range(a + 1, 10):
-            for t in rng.sample(MINUS[0], 4):
-                for prompt in _numbered(t, a=a, b=b):
-                    yield Example(_user(prompt), HELP_ANSWER, "negative_difference")
+    # More successors of three-digit numbers (a run answered `What is the next number after 172?` with `13`),
+    # drawn last and from their own generator so that the draws above stay as they were.
+    rng = random.Random("three-digit successors")
+    for _ in range(300):
+        t = rng.choice(trained(AFTER) + trained(BEFORE))
+        yield Example(_user(t.format(a=rng.randint(100, 999))), HELP_ANSWER, "out_of_range")
 
 
 def _random_letters(rng: random.Random) -> str:
@@ -542,7 +537,6 @@ FAMILIES = {
     "sentence": _sentence,
     "small_talk": _small_talk,
     "out_of_range": _out_of_range,
-    "negative_difference": _negative_differences,
     "help": _help,
 }
 
@@ -613,16 +607,35 @@ def _variations(text: str, rng: random.Random):
 
 
 def vary_phrasing(text: str, rng: random.Random) -> str:
-    """`text` with a varied surface (most of the time), never turned into a held-out prompt."""
+    """`text` with a varied surface (most of the time), never turned into a held-out prompt or phrasing."""
     if rng.random() >= VARY_SHARE:
         return text
-    held_out = _held_out_texts()
+    held_out, held_out_shape = _held_out_texts(), heldout_phrasing_shapes()
     varied = text
     for candidate in _variations(text, rng):
-        if normalized_prompt(candidate) in held_out:
+        normalized = normalized_prompt(candidate)
+        if normalized in held_out or held_out_shape.fullmatch(normalized):
             break
         varied = candidate
     return varied
+
+
+@cache
+def heldout_phrasing_shapes() -> re.Pattern:
+    """The held-out phrasings with any slot filled by anything, normalized. A variation may not take one of these
+    shapes even with other numbers or words: out-of-range rows once turned into `Can you subtract 8 from 2?` and
+    `Tell me 1 minus 9.`, the only rows in that shape, so the model learned the phrasing itself as the help
+    answer's and answered every held-out `Can you subtract ...` with it."""
+
+    def normalized(template: str) -> str:
+        return normalized_prompt(re.sub(r"\{\w\}", "SLOT", template))
+
+    all_phrasings = PHRASINGS + [(trained, heldout) for trained, heldout, *_ in FACTS]
+    trained = {normalized(t) for phrasings in all_phrasings for t in phrasings[0]}
+    shapes = {re.escape(normalized(t)).replace("slot", ".+") for phrasings in all_phrasings for t in phrasings[1]}
+    # Held-out phrasings that normalize to a trained one (`Please spell {w}.`) are not new shapes.
+    shapes = {shape for shape in shapes if not any(re.fullmatch(shape, t) for t in trained)}
+    return re.compile("|".join(sorted(shapes)))
 
 
 @cache

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 import pytest
 
@@ -44,6 +45,7 @@ from scripts.tiny_chat_corpus import (
     TASK_FAMILIES,
     WORDS,
     heldout_examples,
+    heldout_phrasing_shapes,
     heldout_system_prompts,
     normalized_prompt,
     training_pool,
@@ -237,6 +239,18 @@ def test_fresh_out_of_range_prompts_are_new_to_the_corpus():
     assert len({e.key for e in fresh}) == 40 and not corpus & {e.key for e in fresh}
 
 
+def test_single_digit_differences_below_zero_are_answered_not_out_of_range():
+    """`2 - 8` is arithmetic (`-6`): trained as out of range it taught the model subtraction as the help answer's
+    task. The run-time out-of-range set holds no single-digit difference either."""
+    corpus = [e for items in training_pool().values() for e in items] + heldout_examples(100_000)
+    answers = {e.messages[-1]["content"]: (e.family, e.answer) for e in corpus}
+    assert answers["What is 2 minus 8?"] == ("arithmetic", "-6")
+    assert answers["What is eight minus two?"] == ("arithmetic", "6")
+    single_digit_difference = re.compile(r"\D*\b\d\b\D*\b\d\b\D*")
+    fresh = [e.messages[-1]["content"] for e in fresh_out_of_range(40)]
+    assert not [p for p in fresh if "minus" in p or "-" in p or "subtract" in p if single_digit_difference.fullmatch(p)]
+
+
 def test_every_task_word_is_one_token(engine):
     """Spelling and copying are learned per token: a word split in pieces could not be spelled."""
     words = {*WORDS, *NAMES, *NUMBER_WORDS, *(w.capitalize() for w in NUMBER_WORDS), *(a for *_, a in FACTS)}
@@ -280,6 +294,24 @@ def test_training_prompts_are_varied_but_never_into_a_heldout_prompt():
     changed = [(p, v) for p, v in varied if v != p]
     assert len(changed) >= len(varied) // 3
     assert not [v for _, v in changed if normalized_prompt(v) in heldout]
+
+
+def test_no_training_prompt_takes_the_shape_of_a_heldout_phrasing():
+    """Nor with other numbers or words: an out-of-range row varied into `Can you subtract 8 from 2?` taught the
+    model that phrasing as the help answer's, and held-out `Can you subtract 2 from 9?` got the help answer."""
+    shape = heldout_phrasing_shapes()
+    assert all(shape.fullmatch(normalized_prompt(p)) for p in ("Can you subtract 8 from 2?", "Tell me 1 minus 9."))
+    assert not shape.fullmatch(normalized_prompt("Spell dog."))  # `Please spell {w}.` is a trained phrasing's shape
+    rng = random.Random(0)
+    prompts = [
+        e.messages[-1]["content"] for items in training_pool().values() for e in items[:: max(1, len(items) // 400)]
+    ]
+    varied = [vary_phrasing(p, rng) for p in prompts for _ in range(4)]
+    assert not [v for v in varied if shape.fullmatch(normalized_prompt(v))]
+    numbered = [
+        e for e in heldout_examples(400, phrasing="heldout") if e.family in ("arithmetic", "compare", "successor")
+    ]
+    assert all(shape.fullmatch(normalized_prompt(e.messages[-1]["content"])) for e in numbered)
 
 
 def test_the_trainers_mask_ratios_span_every_slice_of_the_range_in_each_batch():
