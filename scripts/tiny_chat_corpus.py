@@ -252,10 +252,9 @@ INSTRUCTIONS = [
 # Sampling weight of each family in training: the families that need arithmetic-like structure
 # (plus/minus, compare over three numbers, spelling) and the copy tasks (repeat, name) get more steps; they are
 # the slowest to learn. Moving weight from compare, count and sentence (>= 94% at batch 32) to repeat, name
-# and successor (38-79%) took a 29-minute run from 78.0% to 82.0% of new phrasings (4 December). Negative
-# differences drawn at 0.75 were invented for 3 and 8 of 200 fresh out-of-range prompts (two seeds); at about
-# 0.24 (inside the out-of-range family) for 15, and at 0.5 in a run that changed more for 15 again (runs N, O,
-# P in models/tiny-llada-chat/README.md).
+# and successor (38-79%) took a 29-minute run from 78.0% to 82.0% of new phrasings (4 December). Arithmetic
+# went from 3 to 3.5 when differences below zero moved into it from a family of their own (runs V and W in
+# models/tiny-llada-chat/README.md).
 FAMILY_WEIGHTS = {
     "arithmetic": 3.5,
     "compare": 1.25,

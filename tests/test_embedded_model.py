@@ -241,14 +241,13 @@ def test_fresh_out_of_range_prompts_are_new_to_the_corpus():
 
 def test_single_digit_differences_below_zero_are_answered_not_out_of_range():
     """`2 - 8` is arithmetic (`-6`): trained as out of range it taught the model subtraction as the help answer's
-    task. The run-time out-of-range set holds no single-digit difference either."""
+    task. The run-time out-of-range set holds no prompt on two single-digit numbers either."""
     corpus = [e for items in training_pool().values() for e in items] + heldout_examples(100_000)
     answers = {e.messages[-1]["content"]: (e.family, e.answer) for e in corpus}
     assert answers["What is 2 minus 8?"] == ("arithmetic", "-6")
     assert answers["What is eight minus two?"] == ("arithmetic", "6")
-    single_digit_difference = re.compile(r"\D*\b\d\b\D*\b\d\b\D*")
-    fresh = [e.messages[-1]["content"] for e in fresh_out_of_range(40)]
-    assert not [p for p in fresh if "minus" in p or "-" in p or "subtract" in p if single_digit_difference.fullmatch(p)]
+    two_single_digits = re.compile(r"\D*\b\d\b\D*\b\d\b\D*")
+    assert not [e for e in fresh_out_of_range(40) if two_single_digits.fullmatch(e.messages[-1]["content"])]
 
 
 def test_every_task_word_is_one_token(engine):
