@@ -42,7 +42,7 @@ CHAT_TEMPLATE = (
     "{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
 )
 SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-VOCAB_LIMIT = 1024  # BPE entries; task words get enough weight to be single tokens well before the limit
+VOCAB_LIMIT = 1024  # BPE entries; the corpus weights task words so that each is one token (a test checks)
 
 
 def build_tokenizer(

@@ -74,7 +74,8 @@ SENTENCE_TEMPLATES = [f"The {{w}} is {adj}." for adj in ADJECTIVES]
 
 # (training phrasings, held-out phrasings, subject, answer); the first phrasing of each fact stays in training.
 FACTS = [
-    (["What is the capital of {x}?", "Name the capital of {x}.", "capital of {x}"],
+    (["What is the capital of {x}?", "Name the capital of {x}.", "capital of {x}", "Which is the capital of {x}?",
+      "Do you know the capital of {x}?", "Name the capital city of {x}."],
      ["Which city is the capital of {x}?"], x, a)
     for x, a in [
         ("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo"), ("Spain", "Madrid"),
@@ -107,7 +108,8 @@ PLUS = (
 MINUS = (
     ["What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} - {b}?", "{a} - {b} = ?",
      "Compute {a} minus {b}.", "What is {a} take away {b}?", "Calculate {a} - {b}.", "How much is {a} minus {b}?",
-     "what's {a} minus {b}", "{a} minus {b}", "{a}-{b}", "What is the difference of {a} and {b}?"],
+     "what's {a} minus {b}", "{a} minus {b}", "{a}-{b}", "What is the difference of {a} and {b}?",
+     "What do you get if you subtract {b} from {a}?", "Take {b} away from {a}."],
     ["What's {a} - {b}?", "Can you subtract {b} from {a}?", "Tell me {a} minus {b}."],
 )  # fmt: skip
 LARGER = (
@@ -166,7 +168,8 @@ INTRO = (["My name is {n}.", "Hi, I am {n}.", "Hello, my name is {n}.", "I am {n
 INTRO_REPLY = "Nice to meet you, {n}."
 REPLY = [INTRO_REPLY, "Hello, {n}!", "Hi {n}!"]  # assistant turns seen in history (the first is its own)
 ASK_NAME = (["What is my name?", "Do you remember my name?", "Who am I?", "what's my name", "Tell me my name.",
-             "Say my name.", "What am I called?", "Do you recall my name?", "What did I say my name was?"],
+             "Say my name.", "What am I called?", "Do you recall my name?", "What did I say my name was?",
+             "Do you know who I am?"],
             ["Can you tell me my name?", "Do you know my name?"])  # fmt: skip
 SENTENCE = (
     ["Write one short sentence about {t}.", "Write a sentence about {t}.", "Write a story about {t}.",
@@ -266,7 +269,7 @@ FAMILY_WEIGHTS = {
     "name": 2.0,
     "sentence": 0.75,
     "small_talk": 1.0,
-    "out_of_range": 2.0,
+    "out_of_range": 2.5,
     "help": 0.75,
 }
 # The families the quality bar (>= 90% on held-out phrasings) is set on; the conversation families are
@@ -501,6 +504,21 @@ def _out_of_range():
     for _ in range(300):
         t = rng.choice(trained(AFTER) + trained(BEFORE))
         yield Example(_user(t.format(a=rng.randint(100, 999))), HELP_ANSWER, "out_of_range")
+    # Sums and differences of a number past 9 with a single digit, either way round: the draws above pair two
+    # numbers from 0-99, so one past 9 beside one digit was rare, and runs V and W answered most of their
+    # out-of-range inventions there (`Tell me 42 minus 6.` -> `-3`).
+    rng = random.Random("past 9 beside a digit")
+    for _ in range(400):
+        big, digit = (rng.randint(10, 99) if rng.random() < 0.8 else rng.randint(100, 999)), rng.randint(0, 9)
+        a, b = (big, digit) if rng.random() < 0.6 else (digit, big)
+        yield Example(_user(rng.choice(trained(PLUS) + trained(MINUS)).format(a=a, b=b)), HELP_ANSWER, "out_of_range")
+    # Every training phrasing of spelling and repeating for each real word it does not know (three of each
+    # above): runs still repeated or spelled `window` and other real words of this list.
+    for w in UNKNOWN_WORDS:
+        for t in trained(SPELL):
+            yield Example(_user(t.format(w=w)), HELP_ANSWER, "out_of_range")
+        for t in trained(REPEAT):
+            yield Example(_user(t.format(s=w)), HELP_ANSWER, "out_of_range")
 
 
 def _random_letters(rng: random.Random) -> str:
@@ -724,7 +742,8 @@ def tokenizer_training_text() -> list[str]:
     vocab_words |= {w for _, _, x, a in FACTS for w in (x.split() + [a])}
     vocab_words |= {w.capitalize() for w in NUMBER_WORDS}
     for w in sorted(vocab_words):
-        texts += [w, f" {w}", f'"{w}"'] * 50  # enough weight that every word becomes one token
+        # Enough weight that every word becomes one token; 50 stopped being enough when the corpus grew (run X).
+        texts += [w, f" {w}", f'"{w}"'] * 80
     texts += ["user\n\n", "assistant\n\n", "system\n\n"] * 1000  # the chat template's role headers
     return texts
 
