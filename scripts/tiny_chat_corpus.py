@@ -729,15 +729,18 @@ def heldout_examples(
 
 
 def tokenizer_training_text() -> list[str]:
-    """Texts the BPE tokenizer is trained on: every prompt and answer, plus each word in both forms."""
+    """Texts the BPE tokenizer is trained on: every training prompt and answer, plus each word in both forms.
+
+    Never a held-out prompt: a word only they hold could become a token of its own that no training row shows,
+    whose embedding stays as initialised. `spelled` did when the vocabulary grew, and the held-out
+    `How is brown spelled?` was answered `brown brown` (models/tiny-llada-chat/README.md); `My` and `write`
+    already were such tokens. Held out, a word the training text lacks is split in pieces the model has seen."""
     texts = []
-    train, heldout = _split()
-    for pools in (train, heldout):
-        for items in pools.values():
-            for e in items:
-                texts.extend(m["content"] for m in e.messages)
-                texts.extend(e.right_answers)
-    texts += training_system_prompts() + heldout_system_prompts()
+    for items in training_pool().values():
+        for e in items:
+            texts.extend(m["content"] for m in e.messages)
+            texts.extend(e.right_answers)
+    texts += training_system_prompts()
     vocab_words = set(WORDS) | set(NAMES) | set(NUMBER_WORDS) | set(ADJECTIVES)
     vocab_words |= {w for _, _, x, a in FACTS for w in (x.split() + [a])}
     vocab_words |= {w.capitalize() for w in NUMBER_WORDS}

@@ -265,11 +265,37 @@ def test_every_task_word_is_one_token(engine):
     assert not split_words(words, engine.tokenizer.encode_text)
 
 
-def test_the_tokenizer_built_from_the_corpus_keeps_every_task_word_one_token():
-    """Checked before a 29-minute run, not after: more rows of other words (run X) took the merges that made
-    `Madrid` and `Seven` one token, and the capitals' answers fell from 100% to 56%."""
-    tokenizer = build_tokenizer()
-    assert not split_words(TASK_WORDS | set(ADJECTIVES), lambda text: tokenizer.encode(text).ids)
+@pytest.fixture(scope="module")
+def corpus_tokenizer():
+    """The tokenizer a training run builds from the corpus (2 seconds), checked before a 29-minute run."""
+    return build_tokenizer()
+
+
+def test_the_tokenizer_built_from_the_corpus_keeps_every_task_word_one_token(corpus_tokenizer):
+    """More rows of other words (run X) took the merges that made `Madrid` and `Seven` one token, and the
+    capitals' answers fell from 100% to 56%."""
+    assert not split_words(TASK_WORDS | set(ADJECTIVES), lambda text: corpus_tokenizer.encode(text).ids)
+
+
+def test_every_token_of_a_heldout_prompt_is_one_that_training_rows_show(corpus_tokenizer):
+    """A token no training row holds keeps its initial embedding, so the model cannot read it: with held-out
+    prompts in the tokenizer's text, `spelled`, `My` and `write` were such tokens, and runs answered
+    `How is brown spelled?` with `brown brown` and `Hi! My name is Emma.` with a greeting."""
+
+    def ids(text: str) -> set[int]:
+        return set(corpus_tokenizer.encode(text).ids)
+
+    trained: set[int] = set()
+    for items in training_pool().values():
+        for text in [m["content"] for e in items for m in e.messages] + [a for e in items for a in e.right_answers]:
+            # As written, and lowercased after an opening as a varied row can be ("OK, what is 2 plus 5?").
+            trained |= ids(text) | ids("OK, " + text[:1].lower() + text[1:])
+    for text in training_system_prompts():
+        trained |= ids(text)
+    heldout = heldout_examples(100_000)
+    texts = [m["content"] for e in heldout for m in e.messages] + [e.answer for e in heldout] + heldout_system_prompts()
+    unseen = {corpus_tokenizer.id_to_token(i): text for text in texts for i in ids(text) - trained}
+    assert not unseen
 
 
 def test_heldout_system_prompts_never_in_training():
