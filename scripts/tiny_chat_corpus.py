@@ -733,7 +733,7 @@ def tokenizer_training_text() -> list[str]:
 
     Never a held-out prompt: a word only they hold could become a token of its own that no training row shows,
     whose embedding stays as initialised. `spelled` did when the vocabulary grew, and the held-out
-    `How is brown spelled?` was answered `brown brown` (models/tiny-llada-chat/README.md); `My` and `write`
+    `How is brown spelled?` was answered `brown brown` (models/tiny-llada-chat/README.md); `My` and `"?`
     already were such tokens. Held out, a word the training text lacks is split in pieces the model has seen."""
     texts = []
     for items in training_pool().values():

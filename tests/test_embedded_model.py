@@ -279,7 +279,7 @@ def test_the_tokenizer_built_from_the_corpus_keeps_every_task_word_one_token(cor
 
 def test_every_token_of_a_heldout_prompt_is_one_that_training_rows_show(corpus_tokenizer):
     """A token no training row holds keeps its initial embedding, so the model cannot read it: with held-out
-    prompts in the tokenizer's text, `spelled`, `My` and `write` were such tokens, and runs answered
+    prompts in the tokenizer's text, `spelled`, `My` and `"?` were such tokens, and runs answered
     `How is brown spelled?` with `brown brown` and `Hi! My name is Emma.` with a greeting."""
 
     def ids(text: str) -> set[int]:
