@@ -728,6 +728,16 @@ def heldout_examples(
     return out
 
 
+def training_texts() -> list[str]:
+    """Every message and answer of the training rows, and the training system prompts."""
+    rows = [e for items in training_pool().values() for e in items]
+    return (
+        [m["content"] for e in rows for m in e.messages]
+        + [a for e in rows for a in e.right_answers]
+        + training_system_prompts()
+    )
+
+
 def tokenizer_training_text() -> list[str]:
     """Texts the BPE tokenizer is trained on: every training prompt and answer, plus each word in both forms.
 
@@ -735,12 +745,7 @@ def tokenizer_training_text() -> list[str]:
     whose embedding stays as initialised. `spelled` did when the vocabulary grew, and the held-out
     `How is brown spelled?` was answered `brown brown` (models/tiny-llada-chat/README.md); `My` and `"?`
     already were such tokens. Held out, a word the training text lacks is split in pieces the model has seen."""
-    texts = []
-    for items in training_pool().values():
-        for e in items:
-            texts.extend(m["content"] for m in e.messages)
-            texts.extend(e.right_answers)
-    texts += training_system_prompts()
+    texts = training_texts()
     vocab_words = set(WORDS) | set(NAMES) | set(NUMBER_WORDS) | set(ADJECTIVES)
     vocab_words |= {w for _, _, x, a in FACTS for w in (x.split() + [a])}
     vocab_words |= {w.capitalize() for w in NUMBER_WORDS}

@@ -51,6 +51,7 @@ from scripts.tiny_chat_corpus import (
     normalized_prompt,
     training_pool,
     training_system_prompts,
+    training_texts,
     vary_phrasing,
 )
 
@@ -286,12 +287,8 @@ def test_every_token_of_a_heldout_prompt_is_one_that_training_rows_show(corpus_t
         return set(corpus_tokenizer.encode(text).ids)
 
     trained: set[int] = set()
-    for items in training_pool().values():
-        for text in [m["content"] for e in items for m in e.messages] + [a for e in items for a in e.right_answers]:
-            # As written, and lowercased after an opening as a varied row can be ("OK, what is 2 plus 5?").
-            trained |= ids(text) | ids("OK, " + text[:1].lower() + text[1:])
-    for text in training_system_prompts():
-        trained |= ids(text)
+    for text in training_texts():  # as written, and lowercased after an opening as a varied row can be
+        trained |= ids(text) | ids("OK, " + text[:1].lower() + text[1:])
     heldout = heldout_examples(100_000)
     texts = [m["content"] for e in heldout for m in e.messages] + [e.answer for e in heldout] + heldout_system_prompts()
     unseen = {corpus_tokenizer.id_to_token(i): text for text in texts for i in ids(text) - trained}
