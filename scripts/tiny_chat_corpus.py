@@ -592,7 +592,7 @@ def normalized_prompt(text: str) -> str:
     return " ".join(w for w in words if w != "please")
 
 
-def _lower_first(text: str) -> str:
+def lower_first(text: str) -> str:
     # Names and countries keep their capital; only the sentence's first letter changes.
     return text[0].lower() + text[1:] if text[:1].isupper() and text[1:2].islower() else text
 
@@ -608,7 +608,7 @@ def _variations(text: str, rng: random.Random):
         yield text
     if rng.random() < 0.4 and first in IMPERATIVE_VERBS:
         opening = rng.choice(POLITE_OPENINGS)
-        text = opening + _lower_first(text)
+        text = opening + lower_first(text)
         if opening != "Please ":
             text = text.rstrip(".!") + "?"
         yield text
@@ -616,10 +616,10 @@ def _variations(text: str, rng: random.Random):
         text = text.rstrip(".?!") + rng.choice(ENDINGS)
         yield text
     if rng.random() < 0.3:
-        text = rng.choice(NEUTRAL_OPENINGS) + _lower_first(text)
+        text = rng.choice(NEUTRAL_OPENINGS) + lower_first(text)
         yield text
     if rng.random() < 0.15:
-        text = _lower_first(text)
+        text = lower_first(text)
         yield text
 
 

@@ -41,6 +41,7 @@ from scripts.tiny_chat_corpus import (
     FAMILIES,
     HELP_ANSWER,
     NAMES,
+    NEUTRAL_OPENINGS,
     NUMBER_WORDS,
     PHRASINGS,
     TASK_FAMILIES,
@@ -48,6 +49,7 @@ from scripts.tiny_chat_corpus import (
     heldout_examples,
     heldout_phrasing_shapes,
     heldout_system_prompts,
+    lower_first,
     normalized_prompt,
     training_pool,
     training_system_prompts,
@@ -287,8 +289,8 @@ def test_every_token_of_a_heldout_prompt_is_one_that_training_rows_show(corpus_t
         return set(corpus_tokenizer.encode(text).ids)
 
     trained: set[int] = set()
-    for text in training_texts():  # as written, and lowercased after an opening as a varied row can be
-        trained |= ids(text) | ids("OK, " + text[:1].lower() + text[1:])
+    for text in training_texts():  # as written, and after an opening as a varied row can be ("OK, what is ...")
+        trained |= ids(text) | ids(NEUTRAL_OPENINGS[0] + lower_first(text))
     heldout = heldout_examples(100_000)
     texts = [m["content"] for e in heldout for m in e.messages] + [e.answer for e in heldout] + heldout_system_prompts()
     unseen = {corpus_tokenizer.id_to_token(i): text for text in texts for i in ids(text) - trained}
