@@ -194,10 +194,11 @@ def test_sdk_top_p_is_a_bad_request_citing_the_adr(sdk):
 
 # --- disconnects and /metrics -------------------------------------------------------------------------
 
-# One token per step over a long, sampled canvas: the request needs many forward passes (early exit waits
-# for every position before the first end-of-text token), so a client that leaves after the first chunk
-# leaves long before it could finish: the cancelled counter tells the two apart.
-LONG = {"max_tokens": 256, "num_denoising_steps": 256, "temperature": 1.0, "seed": 7}
+# One token per step over a long, sampled canvas in one block: the request needs many forward passes (early
+# exit waits for every position before the first end-of-text token; in the embedded model's declared blocks of
+# 32 its answer would end in the first), so a client that leaves after the first chunk leaves long before it
+# could finish: the cancelled counter tells the two apart.
+LONG = {"max_tokens": 256, "num_denoising_steps": 256, "block_length": 256, "temperature": 1.0, "seed": 7}
 
 
 @pytest.mark.parametrize("kv_cache", ["none", "dual"])

@@ -31,10 +31,19 @@ from tests.sse import sse_events
 HANG_GUARD_S = 120
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
 SHORT = {"messages": MESSAGES, "max_tokens": 16}
-# Many forward passes: a request that is still running while the test does something else.
-LONG = {"messages": MESSAGES, "max_tokens": 256, "num_denoising_steps": 256, "temperature": 1.0, "seed": 7}
+
+
+def one_block(tokens: int) -> dict:
+    """Many forward passes: a request that is still running while the test does something else. One block of
+    the whole canvas, one token a step: in the embedded model's declared blocks of 32 its short answer ends in
+    the first block, and with it the request, after 32 steps."""
+    return {"messages": MESSAGES, "max_tokens": tokens, "num_denoising_steps": tokens, "block_length": tokens,
+            "temperature": 1.0, "seed": 7}  # fmt: skip
+
+
+LONG = one_block(256)
 # Long enough that every request of a burst arrives while the first ones still run.
-MEDIUM = {**LONG, "max_tokens": 128, "num_denoising_steps": 128}
+MEDIUM = one_block(128)
 LIMITS = {
     "DLLM_KEEP_ALIVE_TIMEOUT_S": "2",
     "DLLM_HEADER_TIMEOUT_S": "2",
@@ -568,7 +577,7 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
     grace = 1
     with running_server(tmp_path, {"DLLM_SHUTDOWN_GRACE_S": str(grace)}) as server:
         client = httpx.Client(base_url=server.base_url, timeout=HANG_GUARD_S)
-        endless = {**LONG, "max_tokens": 448, "num_denoising_steps": 448}  # seconds of work on any CPU
+        endless = one_block(448)  # seconds of work on any CPU
         stream = client.send(
             client.build_request("POST", "/v1/chat/completions", json={**endless, "stream": True}), stream=True
         )
