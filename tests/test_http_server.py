@@ -204,7 +204,9 @@ LONG = {"max_tokens": 256, "num_denoising_steps": 256, "block_length": 256, "tem
 @pytest.mark.parametrize("kv_cache", ["none", "dual"])
 def test_dropped_stream_frees_its_engine_slot(http, kv_cache):
     before = metrics(http)
-    body = {"messages": MESSAGES, **LONG, "block_length": 32, "kv_cache": kv_cache, "stream": True}
+    # Two blocks, so that the dual cache has one to cache; each is 128 steps, since the answer ends the request
+    # with the first block (blocks of 32 left about 31 steps to notice the drop in).
+    body = {"messages": MESSAGES, **LONG, "block_length": 128, "kv_cache": kv_cache, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body) as stream:
         assert stream.status_code == 200
         next(line for line in stream.iter_lines() if line.startswith("data: "))
