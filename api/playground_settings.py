@@ -92,7 +92,9 @@ def default_notes(engine: Any) -> dict[str, str]:
         }
     declared = family.block_length
     return {
-        "block_length": "the canvas" if declared is None else f"{declared} where it divides the canvas, else the canvas",
+        "block_length": (
+            "the canvas" if declared is None else f"{declared} where it divides the canvas, else the canvas"
+        ),
         "num_denoising_steps": f"min({DEFAULT_STEPS}, canvas)",
         "seed": "random",
         "confidence_threshold": "off",

@@ -277,8 +277,9 @@ def test_metrics_label_routes_not_raw_paths(http):
     assert http.get("/v1/models/%1Bnot-a-model").status_code == 404
     text = http.get("/metrics").text
     assert unmatched_404s() == before + len(strays)
-    endpoints = {s.labels["endpoint"] for f in text_string_to_metric_families(text) for s in f.samples
-                 if "endpoint" in s.labels}
+    endpoints = {
+        s.labels["endpoint"] for f in text_string_to_metric_families(text) for s in f.samples if "endpoint" in s.labels
+    }
     assert "/v1/models/{model:path}" in endpoints and "/v1/models/tiny-llada-chat" not in endpoints
     assert not any(path in endpoints for path in ("/wp-login.php", "/random-path-12345"))
     assert all(character.isprintable() for character in text.replace("\n", "")), "control bytes in /metrics"

@@ -140,7 +140,8 @@ def test_a_block_length_declared_in_generation_config_is_the_default_requests(tm
     assert engine.sampler_defaults.block_length == 32
     prompt = list(range(5, 13))
     default = engine.generate(prompt_token_ids=prompt)  # no parameters: the model's defaults
-    assert (default.params.gen_length, default.params.block_length, default.params.num_denoising_steps) == (128, 32, 128)
+    params = default.params
+    assert (params.gen_length, params.block_length, params.num_denoising_steps) == (128, 32, 128)
     engine.shutdown()
     plain = DiffusionEngine.from_pretrained(FIXTURE_DIR, device="cpu")
     assert plain.sampler_defaults.block_length is None
