@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.long_request import one_block
 from tests.sse import sse_events
 
 pytestmark = pytest.mark.slow
@@ -194,11 +195,9 @@ def test_sdk_top_p_is_a_bad_request_citing_the_adr(sdk):
 
 # --- disconnects and /metrics -------------------------------------------------------------------------
 
-# One token per step over a long, sampled canvas in one block: the request needs many forward passes (early
-# exit waits for every position before the first end-of-text token; in the embedded model's declared blocks of
-# 32 its answer would end in the first), so a client that leaves after the first chunk leaves long before it
-# could finish: the cancelled counter tells the two apart.
-LONG = {"max_tokens": 256, "num_denoising_steps": 256, "block_length": 256, "temperature": 1.0, "seed": 7}
+# Many forward passes (tests/long_request.py), so a client that leaves after the first chunk leaves long before
+# the request could finish: the cancelled counter tells the two apart.
+LONG = one_block(256)
 
 
 @pytest.mark.parametrize("kv_cache", ["none", "dual"])

@@ -26,24 +26,16 @@ import psutil
 import pytest
 
 from tests.conftest import running_server, start_server
+from tests.long_request import one_block
 from tests.sse import sse_events
 
 HANG_GUARD_S = 120
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
 SHORT = {"messages": MESSAGES, "max_tokens": 16}
-
-
-def one_block(tokens: int) -> dict:
-    """Many forward passes: a request that is still running while the test does something else. One block of
-    the whole canvas, one token a step: in the embedded model's declared blocks of 32 its short answer ends in
-    the first block, and with it the request, after 32 steps."""
-    return {"messages": MESSAGES, "max_tokens": tokens, "num_denoising_steps": tokens, "block_length": tokens,
-            "temperature": 1.0, "seed": 7}  # fmt: skip
-
-
-LONG = one_block(256)
+# Many forward passes: a request that is still running while the test does something else.
+LONG = {"messages": MESSAGES, **one_block(256)}
 # Long enough that every request of a burst arrives while the first ones still run.
-MEDIUM = one_block(128)
+MEDIUM = {"messages": MESSAGES, **one_block(128)}
 LIMITS = {
     "DLLM_KEEP_ALIVE_TIMEOUT_S": "2",
     "DLLM_HEADER_TIMEOUT_S": "2",
@@ -215,7 +207,7 @@ def test_an_abandoned_native_generate_is_cancelled(server, http):
     that leaves now cancels its request, as on /v1 and /generate_stream."""
     before = metrics(http)
     leaving = 4
-    body = {"prompt": "Count to ten.", "max_tokens": 256, "num_denoising_steps": 256, "temperature": 1.0, "seed": 3}
+    body = {"prompt": "Count to ten.", **one_block(256), "seed": 3}
 
     def give_up_after_half_a_second(_) -> None:
         with pytest.raises(httpx.ReadTimeout):
@@ -540,7 +532,7 @@ def test_sigterm_drains_running_streams_refuses_new_work_and_exits(tmp_path):
         client = httpx.Client(base_url=server.base_url, timeout=HANG_GUARD_S)
         # Long enough to outlast the checks below on a fast CPU: at 64 steps both streams could finish before
         # the refused request was sent, and the drain, with nothing left to wait for, closed the listener.
-        body = {**SHORT, "max_tokens": 256, "num_denoising_steps": 256, "temperature": 0.8, "seed": 5}
+        body = {**SHORT, **one_block(256), "temperature": 0.8, "seed": 5}
         expected = content(client.post("/v1/chat/completions", json=body))
         streams = [
             client.send(
@@ -577,7 +569,7 @@ def test_at_the_end_of_the_grace_period_what_still_runs_is_ended_cleanly(tmp_pat
     grace = 1
     with running_server(tmp_path, {"DLLM_SHUTDOWN_GRACE_S": str(grace)}) as server:
         client = httpx.Client(base_url=server.base_url, timeout=HANG_GUARD_S)
-        endless = one_block(448)  # seconds of work on any CPU
+        endless = {"messages": MESSAGES, **one_block(448)}  # seconds of work on any CPU
         stream = client.send(
             client.build_request("POST", "/v1/chat/completions", json={**endless, "stream": True}), stream=True
         )
