@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import statistics
 import sys
@@ -215,8 +216,8 @@ def main() -> None:
         noop_arg = compiled(noop)
         engine_graph = StaticShapes(model, batch_sizes=(1, 2, 4, 8))  # the engine's call, ahead-of-time graph
 
-        def through_engine(*t):
-            return engine_graph(model, t[0], None, LogitIndex(t[2]), KVFrame(*t[3:]))
+        def through_engine(*t, graph=engine_graph):  # bound now: the loop rebinds engine_graph per batch
+            return graph(model, t[0], None, LogitIndex(t[2]), KVFrame(*t[3:]))
 
         # name: (call, inputs key)
         variants = {
@@ -224,11 +225,11 @@ def main() -> None:
             "eager, bucketed": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])),
                                 "bucketed"),  # fmt: skip
             "ahead of time (the engine's)": (through_engine, "bucketed"),
-            "torch.compile, Python wrapper": (lambda *t: python_wrapper(model, *t), "bucketed"),
-            "torch.compile, cpp_wrapper (the engine's before)": (lambda *t: cpp(model, *t), "bucketed"),
+            "torch.compile, Python wrapper": (functools.partial(python_wrapper, model), "bucketed"),
+            "torch.compile, cpp_wrapper (the engine's before)": (functools.partial(cpp, model), "bucketed"),
             "torch.compile, freezing + cpp_wrapper": (freeze_cpp, "bucketed"),
             "torch.compile, freezing, real (arithmetic ceiling)": (freeze_real, "real"),
-            "no-op torch.compile call": (lambda *t: noop_arg(model, *t), "bucketed"),
+            "no-op torch.compile call": (functools.partial(noop_arg, model), "bucketed"),
             "GEMMs alone (real shapes)": (matrix_products(model, batch, span, keys, candidates), "real"),
             "attention kernel alone (real shapes)": (attention_calls(model, batch, span, keys), "real"),
         }
@@ -254,8 +255,8 @@ def main() -> None:
                     continue
                 pool_diff = (pool - written).abs().max().item()
                 diff = (out - reference[key]).abs().max().item()
-                same = torch.equal(pick(out, wanted["bucketed" if key != "real" else "real"]).argmax(-1),
-                                   pick(reference[key], wanted["bucketed" if key != "real" else "real"]).argmax(-1))  # fmt: skip
+                at = wanted["bucketed" if key != "real" else "real"]
+                same = torch.equal(pick(out, at).argmax(-1), pick(reference[key], at).argmax(-1))
                 if key != "real":  # the bucketed logits against the eager engine's, at the real candidates
                     across = (pick(out, wanted["bucketed"]) - pick(reference["real"], wanted["real"])).abs().max()
                     diff = max(diff, across.item())
@@ -270,7 +271,8 @@ def main() -> None:
                     call, key = variants[base]
                     tensors = inputs[key]
                     skipping = name != base
-                    stance = torch.compiler.set_stance(skip_guard_eval_unsafe=True) if skipping else contextlib.nullcontext()
+                    stance = (torch.compiler.set_stance(skip_guard_eval_unsafe=True) if skipping
+                              else contextlib.nullcontext())  # fmt: skip
                     with stance:
                         started = time.perf_counter()
                         for _ in range(args.calls):

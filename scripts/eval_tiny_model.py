@@ -318,7 +318,7 @@ def main() -> None:
     ap.add_argument("--quantize", default="none", help="weight-only quantization: none, int8, int4")
     ap.add_argument("--dtype", default=None, help="model dtype (default float32 on the CPU)")
     ap.add_argument("--rows", choices=("all", "tasks", "out-of-range", "none"), default="all",
-                    help="tasks: skip the conversation rows; out-of-range: only the fresh out-of-range prompts")  # fmt: skip
+                    help="tasks: no conversation rows; out-of-range: only the fresh out-of-range prompts")  # fmt: skip
     ap.add_argument("--fresh", type=int, default=40, help="fresh out-of-range prompts drawn (the v3 test draws 40)")
     ap.add_argument("--checks", action="store_true", help="also the garble and variety checks")
     ap.add_argument("--show-wrong", type=int, default=0, help="print up to N wrong answers per row")

@@ -338,7 +338,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "kv-mask-only-with-dummies",
         BATCH,
-        "hide_keys = static is not None or batch > len(rows) or any(request.length < key_width for request in requests)",
+        "hide_keys = static is not None or batch > len(rows) "
+        "or any(request.length < key_width for request in requests)",
         "hide_keys = static is not None or batch > len(rows)",
         "columns past a shorter row's canvas are hidden even when no dummy row is in the frame",
         (f"{FAST_DLLM}::test_cached_requests_batched_with_others_match_their_solo_runs",),
