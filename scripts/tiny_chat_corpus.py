@@ -149,10 +149,13 @@ BEFORE = (
 )  # fmt: skip
 # The word also stands inside the sentence ("Spell {w} for me."): with it always last, the model learned to
 # spell the prompt's last word, and "How is {w} spelled?" got garbled letters ("t-i-l-." for table) or the
-# help answer (held-out spell 46-77% in the runs of 4 December; models/tiny-llada-chat/README.md).
+# help answer (held-out spell 46-77% in the runs of 4 December; models/tiny-llada-chat/README.md). The last three
+# put the word before the verb, as the held-out `How is {w} spelled?` does: with the word always after it,
+# run Z0 spelled 3 of that phrasing's 5 test words right (runs A to C in the model card).
 SPELL = (
     ["Spell {w}.", "How do you spell {w}?", "Spell the word {w}.", "Spell out {w}.", "spell {w}", "Can you spell {w}?",
-     "Spell {w} for me.", "Spell {w}, please.", "Write {w} letter by letter."],
+     "Spell {w} for me.", "Spell {w}, please.", "Write {w} letter by letter.", "Take {w} and spell it.",
+     "The word is {w}. Spell it.", "{w}, how do you spell it?"],
     ["How is {w} spelled?", "Please spell {w}."],
 )  # fmt: skip
 # Quoted spans are exact token copies; unquoted ones ("Repeat after me: green") start with the word's
