@@ -190,7 +190,8 @@ PHRASINGS = [PLUS, MINUS, LARGER, SMALLER, COUNT, COUNT_TO, AFTER, BEFORE, SPELL
 HELP_ANSWER = "This is a tiny demo model. It can add, compare, count, spell and repeat words."
 
 # Conversation families. Few distinct replies on purpose: a 1M-parameter model reproduces a handful of
-# fixed sentences exactly, but not many.
+# fixed sentences exactly, but not many. The help group holds several `Who ...?` prompts so that `Who are you?`
+# is not its only one: it differs from `How are you?` by one token, and runs answered it `I am fine, thank you!`.
 SMALL_TALK = [  # (prompts, reply)
     (["Hello", "Hi", "Hey", "Hello there", "Hi there", "Hey there", "Good morning", "Good afternoon",
       "Good evening", "Greetings", "Howdy", "Hiya", "Say hello", "Hello, friend", "Hi, nice to meet you",
@@ -206,7 +207,8 @@ SMALL_TALK = [  # (prompts, reply)
       "Tell me about yourself.", "What do you know?", "Introduce yourself.", "Are you an AI?",
       "What are you good at?", "How can you help me?", "Who made you?", "What model are you?", "Are you human?",
       "What are your skills?", "Can you chat?", "Who built you?", "What is this?", "Is anyone there?",
-      "Tell me who you are.", "What should I ask you?"], HELP_ANSWER),
+      "Tell me who you are.", "What should I ask you?", "Who is this?", "Who is there?",
+      "Who is speaking?", "Who are you, bot?", "Who are you again?", "Who do I talk to?"], HELP_ANSWER),
 ]  # fmt: skip
 SMALL_TALK_ENDINGS = ["", ".", "!", "?", "!!", " :)"]
 OTHER_PHRASINGS = [
@@ -522,6 +524,12 @@ def _out_of_range():
             yield Example(_user(t.format(w=w)), HELP_ANSWER, "out_of_range")
         for t in trained(REPEAT):
             yield Example(_user(t.format(s=w)), HELP_ANSWER, "out_of_range")
+    # A two-digit number minus a digit, in every training phrasing of subtraction: with only the 400 rows above,
+    # half of them sums, run C0 still answered `How much is 86 minus 9?` with `-2` and `95-9` with a number.
+    rng = random.Random("past 9 minus a digit")
+    for _ in range(600):
+        t = rng.choice(trained(MINUS))
+        yield Example(_user(t.format(a=rng.randint(10, 99), b=rng.randint(0, 9))), HELP_ANSWER, "out_of_range")
 
 
 def _random_letters(rng: random.Random) -> str:

@@ -144,8 +144,10 @@ class Batcher:
         seed: int,
         batch: int = BATCH,
         block_states: float = BLOCK_STATE_SHARE,
+        long_share: float = LONG_SHARE,
     ):
         self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
+        self.long_share = long_share
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
@@ -219,7 +221,7 @@ class Batcher:
         before being cut into batches, so a batch's rows have similar lengths (prompt lengths range from 20
         to 56 tokens: without this, half of a short batch's compute would go to padding)."""
         if not self.queue:
-            n_long = round(GROUP * LONG_SHARE)
+            n_long = round(GROUP * self.long_share)
             for long, n_batches in ((False, GROUP - n_long), (True, n_long)):
                 drawn = (self._row(long) for _ in range(self.batch * n_batches))
                 rows = sorted(drawn, key=lambda r: len(r[0]) + len(r[1]))
@@ -321,6 +323,7 @@ def main() -> None:
     ap.add_argument(
         "--block-states", type=float, default=BLOCK_STATE_SHARE, help="share of rows masked as a decoding block's state"
     )
+    ap.add_argument("--long-share", type=float, default=LONG_SHARE, help="share of batches with canvases past 40")
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -365,7 +368,7 @@ def main() -> None:
     model.train()
     forward = model if args.eager else compiled_for_training(model)
     opt = optimizer(model)
-    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states)
+    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states, args.long_share)
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"

@@ -63,14 +63,11 @@ _NEW = heldout_examples(400, phrasing="heldout")
 NEW_PHRASINGS = [e for f in TASK_FAMILIES for e in [x for x in _NEW if x.family == f][:5]]
 
 
-# Issue 28's targets that the shipped weights miss: target set (TARGET_SETS below) -> what they measured. The
-# issue stays open until weights meet every target; strict, so that weights which meet one turn its test red
-# until its entry goes.
+# Issue 28's targets that the shipped weights miss: target -> what they measured. The issue stays open until
+# weights meet every target; strict, so that weights which meet one turn its test red until its entry goes.
 UNMET_TARGETS = {
-    "new phrasings, default canvas": "spell: 3 of the 5 held-out `How is {w} spelled?` (`m-t-o-n-e` for mouse)",
-    "new phrasings, max_tokens 32": "spell: 3 of the 5 held-out `How is {w} spelled?` (`m-t-o-n-e` for mouse)",
-    "out of range": "1 of 40 invented: `Hi! My name is Bluly.` -> `Hello! Nice to meet you.`",
-    "held-out out of range (split)": "8 of 10: `count to nine` -> `8 9`, `74+0` -> `7`",
+    "every family, 400 new phrasings": "compare 83.3%: `What is the greatest of {a}, {b}, {c}?` gets another number"
+    " (`3, 0, 2` -> `0`)",
 }
 
 
@@ -186,6 +183,20 @@ def test_embedded_model_answers_new_phrasings_of_every_family(target_answers, ca
     assert all(r.finish_reason == "stop" for r in results)
 
 
+@pytest.mark.slow  # 400 prompts, about 40 s
+@unmet("every family, 400 new phrasings")
+def test_every_family_answers_90_percent_of_its_heldout_phrasings(engine):
+    """The model card's per-family rows at max_tokens 32 (about 48 prompts each, the five above among them): a
+    family can pass four of its five above and still fall short here. The default canvas's column costs four times
+    as long; `scripts/eval_tiny_model.py --gen-length 128` measures it."""
+    examples, results = _run(_NEW)(engine)
+    shares = {}
+    for family in TASK_FAMILIES:
+        right = [e.is_right(r.text) for e, r in zip(examples, results) if e.family == family]
+        shares[family] = sum(right) / len(right)
+    assert {family: share for family, share in shares.items() if share < 0.9} == {}
+
+
 @pytest.mark.parametrize("variant", [pytest.param(v, marks=unmet(v)) for v in ("system prompt", "raw prompt")])
 def test_embedded_model_answers_the_same_behind_a_system_prompt_and_as_a_raw_prompt(target_answers, variant):
     """Raw prompts are what /v1/completions (LlamaIndex's OpenAILike default) sends: no chat template."""
@@ -213,15 +224,15 @@ def test_embedded_model_answers_heldout_conversations(target_answers, row):
 
 # The prompts of each target set that the shipped weights answer wrong, as measured when they were committed.
 SHIPPED_MISSES = {
-    "new phrasings, default canvas": ["How is mouse spelled?", "How is house spelled?"],
-    "new phrasings, max_tokens 32": ["How is mouse spelled?", "How is house spelled?"],
-    "system prompt": ["How is mouse spelled?", "How is pink spelled?", "How is house spelled?"],
-    "raw prompt": ["Tell me what comes after 11.", "How is mouse spelled?"],
-    "chat client": ["How is mouse spelled?"],
-    "out of range": ["Hi! My name is Bluly."],
+    "new phrasings, default canvas": ["What is the greatest of 3, 0, 2?"],
+    "new phrasings, max_tokens 32": ["What is the greatest of 3, 0, 2?"],
+    "system prompt": ["What is the greatest of 3, 0, 2?"],
+    "raw prompt": [],
+    "chat client": [],
+    "out of range": [],
     "held-out small talk": [],
     "held-out help (other)": [],
-    "held-out out of range (split)": ["count to nine", "74+0"],
+    "held-out out of range (split)": ["before 77"],
     "held-out number words": [],
 }
 
@@ -417,6 +428,20 @@ def test_the_trainers_mask_ratios_span_every_slice_of_the_range_in_each_batch():
     ratios = stratified_ratios(32, torch.Generator().manual_seed(0))
     assert sorted((ratios * 32).floor().int().tolist()) == list(range(32))  # one in each 1/32 of [0, 1)
     assert ratios.tolist() != sorted(ratios.tolist())  # in random order, not by row
+
+
+@pytest.mark.parametrize(("long_share", "long_batches_left"), [(0.0, {0}), (0.5, {4, 5}), (1.0, {9})])
+def test_the_trainers_long_share_sets_how_many_batches_get_long_canvases(long_share, long_batches_left):
+    """`--long-share`: of each refill of GROUP (10) batches, that share has canvases past SHORT_CANVAS; one batch
+    of the refill is drawn, the other nine are counted."""
+    from engine.tokenizer import ChatTokenizer
+    from scripts.train_tiny_model import SHORT_CANVAS, Batcher
+
+    tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, long_share=long_share)
+    batcher.draw()
+    long = [all(len(response) > SHORT_CANVAS for _, response, _ in batch) for batch in batcher.queue]
+    assert len(long) == 9 and sum(long) in long_batches_left
 
 
 def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_and_an_untrained_masked_tail():
