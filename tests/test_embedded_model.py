@@ -118,6 +118,11 @@ def share_right(examples, results) -> float:
     return sum(e.is_right(r.text) for e, r in zip(examples, results)) / len(examples)
 
 
+def right_per_family(examples, results) -> dict[str, list[bool]]:
+    """Whether each answer is right, grouped by task family."""
+    return {f: [e.is_right(r.text) for e, r in zip(examples, results) if e.family == f] for f in TASK_FAMILIES}
+
+
 def test_embedded_model_is_small_and_in_llada_layout():
     names = {p.name for p in EMBEDDED_MODEL_DIR.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
@@ -177,9 +182,8 @@ def test_embedded_model_answers_new_phrasings_of_every_family(target_answers, ca
     """>= 90% on held-out phrasings at the default settings and at max_tokens 32."""
     examples, results = target_answers(f"new phrasings, {canvas}")
     assert share_right(examples, results) >= 0.9
-    for family in TASK_FAMILIES:  # no family left behind: at least 4 of its 5
-        pairs = [(e, r) for e, r in zip(examples, results) if e.family == family]
-        assert sum(e.is_right(r.text) for e, r in pairs) >= len(pairs) - 1, family
+    for family, right in right_per_family(examples, results).items():  # no family left behind: 4 of its 5
+        assert sum(right) >= len(right) - 1, family
     assert all(r.finish_reason == "stop" for r in results)
 
 
@@ -189,11 +193,7 @@ def test_every_family_answers_90_percent_of_its_heldout_phrasings(engine):
     """The model card's per-family rows at max_tokens 32 (about 48 prompts each, the five above among them): a
     family can pass four of its five above and still fall short here. The default canvas's column costs four times
     as long; `scripts/eval_tiny_model.py --gen-length 128` measures it."""
-    examples, results = _run(_NEW)(engine)
-    shares = {}
-    for family in TASK_FAMILIES:
-        right = [e.is_right(r.text) for e, r in zip(examples, results) if e.family == family]
-        shares[family] = sum(right) / len(right)
+    shares = {family: sum(right) / len(right) for family, right in right_per_family(*_run(_NEW)(engine)).items()}
     assert {family: share for family, share in shares.items() if share < 0.9} == {}
 
 
