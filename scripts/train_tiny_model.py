@@ -14,7 +14,8 @@ the weights of every N-th step as step-N.safetensors next to model.safetensors. 
 (inductor) unless `--eager`: the same maths, a faster step, so more steps in the same minutes.
 
 Usage: python scripts/train_tiny_model.py [--minutes 29 | --steps 6000] [--out models/tiny-llada-chat]
-       [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25] [--checkpoint-every 500] [--eager]
+       [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25] [--long-share 0.2]
+       [--small-talk-as-written 0] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ WEIGHT_DECAY = 0.1
 EPS = 1e-3  # minimum mask ratio, as in LLaDA
 SHORT_CANVAS, LONG_CANVAS = 40, 128
 LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
+# Share of small-talk rows whose prompt is drawn as SMALL_TALK writes it (`Hello`, `Who are you?`) rather than
+# among all of its ending and case variants, where each written form is one of about twelve. 0 draws all
+# variants alike (runs up to CF1).
+SMALL_TALK_AS_WRITTEN = 0.0
 GROUP = 10  # batches drawn (and length-sorted) together
 SYSTEM_PROMPT_SHARE = 0.5  # rows with a system prompt: most chat front-ends send one
 # Rows after an earlier exchange (the answer is to the last user turn), and single-turn rows as a raw prompt
@@ -145,14 +150,16 @@ class Batcher:
         batch: int = BATCH,
         block_states: float = BLOCK_STATE_SHARE,
         long_share: float = LONG_SHARE,
+        small_talk_as_written: float = SMALL_TALK_AS_WRITTEN,
     ):
         self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
-        self.long_share = long_share
+        self.long_share, self.small_talk_as_written = long_share, small_talk_as_written
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
         self.queue: list[list] = []
         self.pool = training_pool()
+        self.as_written = [e for e in self.pool["small_talk"] if e.keep_in_training]
         self.answers: dict[str, list[int]] = {}
         self.earlier = [e for f, items in self.pool.items() if f != "name" for e in items]
         self.raw: dict[str, list[int]] = {}
@@ -204,9 +211,15 @@ class Batcher:
             messages = [self.rng.choice(self.systems), *messages]
         return self.encode(messages)
 
-    def _row(self, long: bool):
-        family = self.rng.choices(self.families, weights=self.weights)[0]
+    def _example(self, family: str) -> Example:
         example = self.rng.choice(self.pool[family])
+        # The share is checked first so that 0 draws nothing more from rng: earlier runs stay reproducible.
+        if self.small_talk_as_written and family == "small_talk" and self.rng.random() < self.small_talk_as_written:
+            example = self.rng.choice(self.as_written)
+        return example
+
+    def _row(self, long: bool):
+        example = self._example(self.rng.choices(self.families, weights=self.weights)[0])
         text = self._answer(example)
         if text not in self.answers:
             self.answers[text] = self.tok.encode_text(text)
@@ -324,6 +337,12 @@ def main() -> None:
         "--block-states", type=float, default=BLOCK_STATE_SHARE, help="share of rows masked as a decoding block's state"
     )
     ap.add_argument("--long-share", type=float, default=LONG_SHARE, help="share of batches with canvases past 40")
+    ap.add_argument(
+        "--small-talk-as-written",
+        type=float,
+        default=SMALL_TALK_AS_WRITTEN,
+        help="share of small-talk rows drawn in their written form",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -368,7 +387,7 @@ def main() -> None:
     model.train()
     forward = model if args.eager else compiled_for_training(model)
     opt = optimizer(model)
-    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states, args.long_share)
+    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states, args.long_share, args.small_talk_as_written)
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"

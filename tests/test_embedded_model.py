@@ -444,6 +444,22 @@ def test_the_trainers_long_share_sets_how_many_batches_get_long_canvases(long_sh
     assert len(long) == 9 and sum(long) in long_batches_left
 
 
+@pytest.mark.parametrize(("share", "low", "high"), [(0.0, 0.05, 0.15), (0.5, 0.5, 0.6), (1.0, 1.0, 1.0)])
+def test_the_trainers_small_talk_as_written_share_sets_how_often_a_small_talk_prompt_comes_as_written(share, low, high):
+    """`--small-talk-as-written`: that share of small-talk rows take a prompt as SMALL_TALK writes it (`Hello`,
+    not `hello!!`); the rest draw among all variants, where the written forms are about one in ten."""
+    from engine.tokenizer import ChatTokenizer
+    from scripts.tiny_chat_corpus import SMALL_TALK
+    from scripts.train_tiny_model import Batcher
+
+    written = {prompt for prompts, _ in SMALL_TALK for prompt in prompts}
+    batcher = Batcher(
+        ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR), random.Random(0), seed=0, small_talk_as_written=share
+    )
+    drawn = [batcher._example("small_talk").messages[0]["content"] for _ in range(2000)]
+    assert low <= sum(text in written for text in drawn) / len(drawn) <= high
+
+
 def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_and_an_untrained_masked_tail():
     import torch
 
