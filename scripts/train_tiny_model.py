@@ -15,7 +15,7 @@ the weights of every N-th step as step-N.safetensors next to model.safetensors. 
 
 Usage: python scripts/train_tiny_model.py [--minutes 29 | --steps 6000] [--out models/tiny-llada-chat]
        [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25] [--long-share 0.2]
-       [--small-talk-as-written 0] [--checkpoint-every 500] [--eager]
+       [--small-talk-as-written 0] [--visible-padding 0] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
 # among all of its ending and case variants, where each written form is one of about twelve. 0 draws all
 # variants alike (runs up to CF1).
 SMALL_TALK_AS_WRITTEN = 0.0
+# Share of rows whose end-of-text padding is visible from a random point past the answer on (see
+# `with_visible_padding`). 0 draws none (runs up to CF1).
+VISIBLE_PADDING_SHARE = 0.0
 GROUP = 10  # batches drawn (and length-sorted) together
 SYSTEM_PROMPT_SHARE = 0.5  # rows with a system prompt: most chat front-ends send one
 # Rows after an earlier exchange (the answer is to the last user turn), and single-turn rows as a raw prompt
@@ -124,6 +127,22 @@ def as_block_states(
     return masked, trained
 
 
+def with_visible_padding(
+    masked: torch.Tensor, answer_ends: list[int], rows: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """`masked` with each of `rows` unmasked from a random column on, no earlier than its end of turn: the
+    state the sampler is in once it has committed the padding at the canvas's end, which it is most sure of,
+    before the answer. Independent masking almost never shows a long visible padding with the answer still
+    masked, and a small model that never saw it lets the committed padding pull the end of turn forward: a
+    20-token answer gives way to a 7-token one (`Who are you?` answered `I am fine, thank you!` at canvas 32)."""
+    width = masked.shape[1]
+    for row in rows.tolist():
+        first = answer_ends[row] - 1  # the end-of-turn token's column
+        cut = first + int(torch.randint(width - first, (1,), generator=generator))
+        masked[row, cut:] = False
+    return masked
+
+
 def stratified_ratios(rows: int, generator: torch.Generator) -> torch.Tensor:
     """One mask ratio per row, one drawn in each of `rows` equal slices of [0, 1), in random order: each is
     still uniform on [0, 1), but a batch always spans easy and hard rows alike, so the gradient's variance is
@@ -151,9 +170,11 @@ class Batcher:
         block_states: float = BLOCK_STATE_SHARE,
         long_share: float = LONG_SHARE,
         small_talk_as_written: float = SMALL_TALK_AS_WRITTEN,
+        visible_padding: float = VISIBLE_PADDING_SHARE,
     ):
         self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
         self.long_share, self.small_talk_as_written = long_share, small_talk_as_written
+        self.visible_padding = visible_padding
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
@@ -246,7 +267,7 @@ class Batcher:
         attn = torch.zeros((len(rows), width), dtype=torch.long)
         in_response = torch.zeros((len(rows), width), dtype=torch.bool)
         weight = torch.zeros((len(rows), width))
-        answer_starts = []
+        answer_starts, answer_ends = [], []
         for i, (prompt, response, n_real) in enumerate(rows):
             seq = prompt + response
             start = width - len(seq)
@@ -254,11 +275,15 @@ class Batcher:
             attn[i, start:] = 1
             r0 = start + len(prompt)
             answer_starts.append(r0)
+            answer_ends.append(r0 + n_real)
             in_response[i, r0:] = True
             weight[i, r0:] = EOS_PAD_WEIGHT
             weight[i, r0 : r0 + n_real] = 1.0
         p_mask = (1 - EPS) * stratified_ratios(len(rows), self.gen).unsqueeze(1) + EPS
         masked = in_response & (torch.rand((len(rows), width), generator=self.gen) < p_mask)
+        if self.visible_padding:  # checked first: a share of 0 draws nothing, so earlier runs stay reproducible
+            chosen = (torch.rand(len(rows), generator=self.gen) < self.visible_padding).nonzero().squeeze(1)
+            masked = with_visible_padding(masked, answer_ends, chosen, self.gen)
         trained = masked
         if self.block_states:
             chosen = (torch.rand(len(rows), generator=self.gen) < self.block_states).nonzero().squeeze(1)
@@ -343,6 +368,12 @@ def main() -> None:
         default=SMALL_TALK_AS_WRITTEN,
         help="share of small-talk rows drawn in their written form",
     )
+    ap.add_argument(
+        "--visible-padding",
+        type=float,
+        default=VISIBLE_PADDING_SHARE,
+        help="share of rows whose padding is visible from a random point past the answer",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -387,7 +418,16 @@ def main() -> None:
     model.train()
     forward = model if args.eager else compiled_for_training(model)
     opt = optimizer(model)
-    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states, args.long_share, args.small_talk_as_written)
+    batcher = Batcher(
+        tok,
+        rng,
+        args.seed,
+        args.batch,
+        args.block_states,
+        args.long_share,
+        args.small_talk_as_written,
+        args.visible_padding,
+    )
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"
