@@ -460,6 +460,32 @@ def test_the_trainers_small_talk_as_written_share_sets_how_often_a_small_talk_pr
     assert low <= sum(text in written for text in drawn) / len(drawn) <= high
 
 
+def test_visible_padding_rows_unmask_everything_from_a_point_past_the_answer_and_keep_the_rest():
+    import torch
+
+    from scripts.train_tiny_model import with_visible_padding
+
+    generator = torch.Generator().manual_seed(0)
+    rows, width = 40, 80
+    ends = [20 + (row % 7) * 5 for row in range(rows)]  # the first column after each row's end of turn
+    random_masks = torch.rand(rows, width, generator=generator) < 0.7
+    for row, end in enumerate(ends):
+        random_masks[row, : end - 1] = True  # the answer all masked, as the sampler's first steps see it
+    chosen = list(range(0, rows, 2))
+    masked = with_visible_padding(random_masks.clone(), ends, torch.tensor(chosen), generator)
+    tails = []
+    for row, end in enumerate(ends):
+        if row not in chosen:
+            assert torch.equal(masked[row], random_masks[row])
+            continue
+        cut = width - int(masked[row].flip(0).cumsum(0).eq(0).sum())  # where the visible tail begins
+        assert cut >= end - 1 and not masked[row, cut:].any()  # never before the end-of-turn token
+        assert torch.equal(masked[row, :cut], random_masks[row, :cut])
+        tails.append(width - cut)
+    # Long visible tails of varied lengths: under the random masks alone a tail is under one column on average.
+    assert len(set(tails)) > 5 and sum(tails) / len(tails) > 10
+
+
 def test_block_state_rows_show_a_visible_answer_start_one_partly_masked_block_and_an_untrained_masked_tail():
     import torch
 
