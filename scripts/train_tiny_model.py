@@ -15,7 +15,7 @@ the weights of every N-th step as step-N.safetensors next to model.safetensors. 
 
 Usage: python scripts/train_tiny_model.py [--minutes 29 | --steps 6000] [--out models/tiny-llada-chat]
        [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25] [--long-share 0.2]
-       [--small-talk-as-written 0] [--visible-padding 0] [--checkpoint-every 500] [--eager]
+       [--visible-padding 0] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -70,10 +70,6 @@ WEIGHT_DECAY = 0.1
 EPS = 1e-3  # minimum mask ratio, as in LLaDA
 SHORT_CANVAS, LONG_CANVAS = 40, 128
 LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
-# Share of small-talk rows whose prompt is drawn as SMALL_TALK writes it (`Hello`, `Who are you?`) rather than
-# among all of its ending and case variants, where each written form is one of about twelve. 0 draws all
-# variants alike (runs up to CF1).
-SMALL_TALK_AS_WRITTEN = 0.0
 # Share of rows whose end-of-text padding is visible from a random point past the answer on (see
 # `with_visible_padding`). 0 draws none (runs up to CF1).
 VISIBLE_PADDING_SHARE = 0.0
@@ -86,10 +82,13 @@ EARLIER_TURN_SHARE = 0.25
 RAW_SHARE = 0.25
 USER_X = {"role": "user", "content": "x"}
 EOS_PAD_WEIGHT = 0.5
-# The block length the model declares (generation_config.json), which a request that sets none is decoded with:
-# one block of 128 positions answers the newcomer prompts wrong where blocks of 32 answer them right
-# (models/tiny-llada-chat/README.md), as LLaDA's own chat example decodes in blocks of 32.
-DECODE_BLOCK_LENGTH = 32
+# The block length the model declares (generation_config.json), which a request that sets none is decoded with.
+# One block of 128 positions answered the newcomer prompts wrong where blocks of 32 answered them right; in
+# blocks of 32 the sampler still commits the end-of-text padding first (it is surest of it), and a committed
+# run of padding can pull the end of turn into the answer (`Hello` -> `11`). Blocks of 8 leave the padding to
+# the blocks after the answer: CF1 invented 1 of 40 out-of-range answers at the default request instead of
+# 4, with half the forward passes (models/tiny-llada-chat/README.md, benchmarks/declared_block.py).
+DECODE_BLOCK_LENGTH = 8
 BLOCK_STATE_LENGTHS = (8, 16, 32)  # the blocks of `as_block_states` (--block-states)
 # Share of rows masked as a decoding block's state: without them answers came out garbled at canvases and
 # blocks of 24-48 (runs L and M in models/tiny-llada-chat/README.md).
@@ -169,18 +168,15 @@ class Batcher:
         batch: int = BATCH,
         block_states: float = BLOCK_STATE_SHARE,
         long_share: float = LONG_SHARE,
-        small_talk_as_written: float = SMALL_TALK_AS_WRITTEN,
         visible_padding: float = VISIBLE_PADDING_SHARE,
     ):
         self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
-        self.long_share, self.small_talk_as_written = long_share, small_talk_as_written
-        self.visible_padding = visible_padding
+        self.long_share, self.visible_padding = long_share, visible_padding
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
         self.queue: list[list] = []
         self.pool = training_pool()
-        self.as_written = [e for e in self.pool["small_talk"] if e.keep_in_training]
         self.answers: dict[str, list[int]] = {}
         self.earlier = [e for f, items in self.pool.items() if f != "name" for e in items]
         self.raw: dict[str, list[int]] = {}
@@ -232,15 +228,9 @@ class Batcher:
             messages = [self.rng.choice(self.systems), *messages]
         return self.encode(messages)
 
-    def _example(self, family: str) -> Example:
-        example = self.rng.choice(self.pool[family])
-        # The share is checked first so that 0 draws nothing more from rng: earlier runs stay reproducible.
-        if self.small_talk_as_written and family == "small_talk" and self.rng.random() < self.small_talk_as_written:
-            example = self.rng.choice(self.as_written)
-        return example
-
     def _row(self, long: bool):
-        example = self._example(self.rng.choices(self.families, weights=self.weights)[0])
+        family = self.rng.choices(self.families, weights=self.weights)[0]
+        example = self.rng.choice(self.pool[family])
         text = self._answer(example)
         if text not in self.answers:
             self.answers[text] = self.tok.encode_text(text)
@@ -363,12 +353,6 @@ def main() -> None:
     )
     ap.add_argument("--long-share", type=float, default=LONG_SHARE, help="share of batches with canvases past 40")
     ap.add_argument(
-        "--small-talk-as-written",
-        type=float,
-        default=SMALL_TALK_AS_WRITTEN,
-        help="share of small-talk rows drawn in their written form",
-    )
-    ap.add_argument(
         "--visible-padding",
         type=float,
         default=VISIBLE_PADDING_SHARE,
@@ -418,16 +402,7 @@ def main() -> None:
     model.train()
     forward = model if args.eager else compiled_for_training(model)
     opt = optimizer(model)
-    batcher = Batcher(
-        tok,
-        rng,
-        args.seed,
-        args.batch,
-        args.block_states,
-        args.long_share,
-        args.small_talk_as_written,
-        args.visible_padding,
-    )
+    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states, args.long_share, args.visible_padding)
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"

@@ -66,7 +66,7 @@ NEW_PHRASINGS = [e for f in TASK_FAMILIES for e in [x for x in _NEW if x.family 
 # Issue 28's targets that the shipped weights miss: target -> what they measured. The issue stays open until
 # weights meet every target; strict, so that weights which meet one turn its test red until its entry goes.
 UNMET_TARGETS = {
-    "every family, 400 new phrasings": "compare 83.3%: `What is the greatest of {a}, {b}, {c}?` gets another number"
+    "every family, 400 new phrasings": "compare 85.4%: `What is the greatest of {a}, {b}, {c}?` gets another number"
     " (`3, 0, 2` -> `0`)",
 }
 
@@ -127,6 +127,15 @@ def test_embedded_model_is_small_and_in_llada_layout():
     names = {p.name for p in EMBEDDED_MODEL_DIR.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
     assert sum(p.stat().st_size for p in EMBEDDED_MODEL_DIR.iterdir()) <= 25 * 1024 * 1024
+
+
+def test_embedded_model_declares_the_block_length_its_trainer_writes(engine):
+    """Blocks of 8 (scripts/train_tiny_model.py DECODE_BLOCK_LENGTH says why): what a request that sets none gets,
+    at the default canvas and at max_tokens 32 alike."""
+    from scripts.train_tiny_model import DECODE_BLOCK_LENGTH
+
+    assert engine.sampler_defaults.block_length == DECODE_BLOCK_LENGTH == 8
+    assert {default_request(engine, gen_length=n).block_length for n in (128, 32)} == {8}
 
 
 def _run(examples, gen_length: int = 32):
@@ -227,7 +236,12 @@ SHIPPED_MISSES = {
     "new phrasings, default canvas": ["What is the greatest of 3, 0, 2?"],
     "new phrasings, max_tokens 32": ["What is the greatest of 3, 0, 2?"],
     "system prompt": ["What is the greatest of 3, 0, 2?"],
-    "raw prompt": [],
+    "raw prompt": [
+        "Can you count from three to six?",
+        "Can you count from zero to one?",
+        "Tell me what comes after five.",
+        "How is mouse spelled?",
+    ],
     "chat client": [],
     "out of range": [],
     "held-out small talk": [],
@@ -442,22 +456,6 @@ def test_the_trainers_long_share_sets_how_many_batches_get_long_canvases(long_sh
     batcher.draw()
     long = [all(len(response) > SHORT_CANVAS for _, response, _ in batch) for batch in batcher.queue]
     assert len(long) == 9 and sum(long) in long_batches_left
-
-
-@pytest.mark.parametrize(("share", "low", "high"), [(0.0, 0.05, 0.15), (0.5, 0.5, 0.6), (1.0, 1.0, 1.0)])
-def test_the_trainers_small_talk_as_written_share_sets_how_often_a_small_talk_prompt_comes_as_written(share, low, high):
-    """`--small-talk-as-written`: that share of small-talk rows take a prompt as SMALL_TALK writes it (`Hello`,
-    not `hello!!`); the rest draw among all variants, where the written forms are about one in ten."""
-    from engine.tokenizer import ChatTokenizer
-    from scripts.tiny_chat_corpus import SMALL_TALK
-    from scripts.train_tiny_model import Batcher
-
-    written = {prompt for prompts, _ in SMALL_TALK for prompt in prompts}
-    batcher = Batcher(
-        ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR), random.Random(0), seed=0, small_talk_as_written=share
-    )
-    drawn = [batcher._example("small_talk").messages[0]["content"] for _ in range(2000)]
-    assert low <= sum(text in written for text in drawn) / len(drawn) <= high
 
 
 def test_visible_padding_rows_unmask_everything_from_a_point_past_the_answer_and_keep_the_rest():
