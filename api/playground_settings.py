@@ -93,7 +93,9 @@ def default_notes(engine: Any) -> dict[str, str]:
     declared = family.block_length
     return {
         "block_length": (
-            "the canvas" if declared is None else f"{declared} where it divides the canvas, else the canvas"
+            "the canvas"
+            if declared is None
+            else f"{declared}, or a multiple, where it divides the canvas and the steps; else the canvas"
         ),
         "num_denoising_steps": f"min({DEFAULT_STEPS}, canvas)",
         "seed": "random",

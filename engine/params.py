@@ -480,18 +480,23 @@ class SamplingParams:
         `BlockDiffusionParams`: gen_length need not be a multiple of block_length. A LLaDA checkpoint may
         declare a block length (generation_config.json `block_length`): a request that sets none gets it where
         it fits what the request does set (a canvas of whole blocks, a step count shared evenly between them,
-        as the parameters' own checks decide), else one block, so a default never turns a valid request into an
-        error. The schedule and the metric are filled in later, by `with_model_defaults`.
+        as the parameters' own checks decide), else the shortest multiple of it that fits, else one block, so a
+        default never turns a valid request into an error. The schedule and the metric are filled in later, by
+        `with_model_defaults`.
         """
         if defaults is None:
             return cls(**knobs)
         if not defaults.aligned_blocks:
             if defaults.block_length is not None and knobs.get("block_length") is None:
-                try:
-                    return cls(**{**knobs, "block_length": defaults.block_length})
-                except InvalidParameter:
-                    pass  # it does not fit this request: one block, as if the model declared none
-            return cls(**knobs)
+                # A multiple before one block: 24 steps do not share between 16 blocks of 8, but do between eight
+                # of 16, which keeps the small blocks' point (the answer decoded before the padding behind it).
+                canvas = knobs.get("gen_length") or DEFAULT_GEN_LENGTH
+                for length in range(defaults.block_length, canvas, defaults.block_length):
+                    try:
+                        return cls(**{**knobs, "block_length": length})
+                    except InvalidParameter:
+                        pass  # it does not fit this request
+            return cls(**knobs)  # one block, as if the model declared none
         knobs = {name: value for name, value in knobs.items() if value is not None}
         knobs.setdefault("block_length", defaults.block_length)
         editing = knobs.get("editing_threshold") is not None

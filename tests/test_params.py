@@ -133,8 +133,9 @@ def test_block_diffusion_params_take_the_familys_defaults_and_any_canvas():
 
 def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     """A LLaDA checkpoint's generation_config.json `block_length`: the default block length of a request that
-    sets none, where the canvas is several whole blocks and the steps share evenly; else one block, never an
-    error the request did not ask for; a block length the request sets always wins."""
+    sets none, where the canvas is several whole blocks and the steps share evenly; else the shortest multiple of
+    it that does; else one block, never an error the request did not ask for; a block length the request sets
+    always wins."""
     from engine.config import SamplerDefaults
 
     declared = SamplerDefaults("uniform", "top1_prob", block_length=32)
@@ -148,8 +149,14 @@ def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     assert blocks(gen_length=32) == (32, 32) and blocks(gen_length=24) == (24, 24)  # one block: the canvas
     assert blocks(gen_length=48) == (48, 48)  # not a multiple of 32
     assert blocks(gen_length=160) == (160, 128)  # 128 default steps do not share between 5 blocks
-    assert blocks(gen_length=128, num_denoising_steps=50) == (128, 50)  # nor 50 between 4
+    assert blocks(gen_length=128, num_denoising_steps=50) == (64, 50)  # nor 50 between 4: two blocks of 64
+    assert blocks(gen_length=128, num_denoising_steps=51) == (128, 51)  # nor between any number of blocks
     assert blocks(gen_length=128, num_denoising_steps=64) == (32, 64)
     assert blocks(gen_length=128, block_length=128) == (128, 128)  # the request's own choice
     assert blocks(gen_length=128, confidence_threshold=0.9) == (32, None)  # no step count to share
     assert SamplingParams.for_model(SamplerDefaults("uniform", "top1_prob"), gen_length=64).block_length == 64
+    eights = SamplerDefaults("uniform", "top1_prob", block_length=8)  # what the embedded model declares
+    assert SamplingParams.for_model(eights).block_length == 8  # 128 steps over 16 blocks
+    assert SamplingParams.for_model(eights, num_denoising_steps=24).block_length == 16  # 3 steps in each of 8
+    assert SamplingParams.for_model(eights, num_denoising_steps=8).block_length == 16  # one step in each of 8
+    assert SamplingParams.for_model(eights, gen_length=100).block_length == 100  # no multiple of 8 divides 100
