@@ -233,7 +233,9 @@ class SamplingParams:
         doc="Tokens per block; gen_length must be a multiple of it. Blocks are denoised left to right "
         "(semi-autoregressive); the default is one fully bidirectional block, or, when the checkpoint declares a "
         "block length (generation_config.json `block_length`), that one wherever it fits the request (gen_length "
-        "a multiple of it, and the step count shared evenly between the blocks). On llada2 (block diffusion) the "
+        "a multiple of it, and the step count shared evenly between the blocks), else the shortest multiple of it "
+        "that fits (the embedded model declares 8: 24 steps on 128 tokens run as eight blocks of 16), else one "
+        "block. On llada2 (block diffusion) the "
         "default is 32, the block length it was trained with, blocks are aligned to position 0 of the prompt "
         "and the canvas is rounded up to whole blocks: any gen_length works, and the positions past it are "
         "denoised but not returned.",
