@@ -233,7 +233,7 @@ class SamplingParams:
         doc="Tokens per block; gen_length must be a multiple of it. Blocks are denoised left to right "
         "(semi-autoregressive); the default is one fully bidirectional block, or, when the checkpoint declares a "
         "block length (generation_config.json `block_length`), that one wherever it fits the request (gen_length "
-        "a multiple of it, and the step count shared evenly between the blocks), else the shortest multiple of it "
+        "a multiple of it, and the step count shared evenly between the blocks), else the first of its doublings "
         "that fits (the embedded model declares 8: 24 steps on 128 tokens run as eight blocks of 16), else one "
         "block. On llada2 (block diffusion) the "
         "default is 32, the block length it was trained with, blocks are aligned to position 0 of the prompt "
@@ -482,7 +482,7 @@ class SamplingParams:
         `BlockDiffusionParams`: gen_length need not be a multiple of block_length. A LLaDA checkpoint may
         declare a block length (generation_config.json `block_length`): a request that sets none gets it where
         it fits what the request does set (a canvas of whole blocks, a step count shared evenly between them,
-        as the parameters' own checks decide), else the shortest multiple of it that fits, else one block, so a
+        as the parameters' own checks decide), else the first of its doublings that fits, else one block, so a
         default never turns a valid request into an error. The schedule and the metric are filled in later, by
         `with_model_defaults`.
         """
@@ -490,14 +490,16 @@ class SamplingParams:
             return cls(**knobs)
         if not defaults.aligned_blocks:
             if defaults.block_length is not None and knobs.get("block_length") is None:
-                # A multiple before one block: 24 steps do not share between 16 blocks of 8, but do between eight
-                # of 16, which keeps the small blocks' point (the answer decoded before the padding behind it).
+                # Doubled before one block: 24 steps do not share between 16 blocks of 8, but do between eight of
+                # 16, which keeps the small blocks' point (the answer decoded before the padding behind it).
+                # Doubling, not every multiple: a canvas of any size is searched in a few dozen tries at most.
                 canvas = knobs.get("gen_length") or DEFAULT_GEN_LENGTH
-                for length in range(defaults.block_length, canvas, defaults.block_length):
+                length = defaults.block_length
+                while length < canvas:
                     try:
                         return cls(**{**knobs, "block_length": length})
                     except InvalidParameter:
-                        pass  # it does not fit this request
+                        length *= 2  # it does not fit this request
             return cls(**knobs)  # one block, as if the model declared none
         knobs = {name: value for name, value in knobs.items() if value is not None}
         knobs.setdefault("block_length", defaults.block_length)

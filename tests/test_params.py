@@ -133,7 +133,7 @@ def test_block_diffusion_params_take_the_familys_defaults_and_any_canvas():
 
 def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     """A LLaDA checkpoint's generation_config.json `block_length`: the default block length of a request that
-    sets none, where the canvas is several whole blocks and the steps share evenly; else the shortest multiple of
+    sets none, where the canvas is several whole blocks and the steps share evenly; else the first doubling of
     it that does; else one block, never an error the request did not ask for; a block length the request sets
     always wins."""
     from engine.config import SamplerDefaults
@@ -160,3 +160,4 @@ def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     assert SamplingParams.for_model(eights, num_denoising_steps=24).block_length == 16  # 3 steps in each of 8
     assert SamplingParams.for_model(eights, num_denoising_steps=8).block_length == 16  # one step in each of 8
     assert SamplingParams.for_model(eights, gen_length=100).block_length == 100  # no multiple of 8 divides 100
+    assert SamplingParams.for_model(eights, gen_length=2**40).block_length == 2**33  # 128 blocks: 31 doublings, not 2**33 tries
