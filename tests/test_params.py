@@ -160,4 +160,4 @@ def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     assert SamplingParams.for_model(eights, num_denoising_steps=24).block_length == 16  # 3 steps in each of 8
     assert SamplingParams.for_model(eights, num_denoising_steps=8).block_length == 16  # one step in each of 8
     assert SamplingParams.for_model(eights, gen_length=100).block_length == 100  # no multiple of 8 divides 100
-    assert SamplingParams.for_model(eights, gen_length=2**40).block_length == 2**33  # 128 blocks: 31 doublings, not 2**33 tries
+    assert SamplingParams.for_model(eights, gen_length=2**40).block_length == 2**33  # 31 doublings
