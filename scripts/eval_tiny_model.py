@@ -16,7 +16,7 @@ alone) and prints, per row, the share of right answers and of answers that ended
 Then, with `--checks`: the garble check (`garble_check`: the newcomer prompts at canvases 24–128 and block
 lengths down to 8, no repeated or cut word) and the variety check (`variety`: five seeds at temperature 1).
 
-Usage: python scripts/eval_tiny_model.py [--model DIR] [--gen-length 32 --block-length 32 --steps 32
+Usage: python scripts/eval_tiny_model.py [--model DIR] [--gen-length 32 --block-length 8 --steps 32
        --temperature 0 --use-local-leap] [--limit N] [--rows tasks] [--quantize int8] [--checks]
        (--rows tasks: the task rows only; --quantize: none, int8 or int4 weights, engine/quantization.py)
 """
