@@ -13,12 +13,16 @@ alone) and prints, per row, the share of right answers and of answers that ended
   family's range and made-up words; not stored anywhere), every one must get the help answer;
 - "chat client": two-turn conversations where the first reply is the model's own, fed back as a chat client
   (`llm -c`) does.
+With `--rows phrasings`, one row per held-out phrasing instead, each with every held-out prompt in it (or
+`--per-row` of them): a family's row of 48 can hide a phrasing it mostly gets wrong (CF1: compare 83.3% of its
+48, `What is the greatest of {a}, {b}, {c}?` 18 of its 120).
 Then, with `--checks`: the garble check (`garble_check`: the newcomer prompts at canvases 24–128 and block
 lengths down to 8, no repeated or cut word) and the variety check (`variety`: five seeds at temperature 1).
 
 Usage: python scripts/eval_tiny_model.py [--model DIR] [--gen-length 32 --block-length 8 --steps 32
        --temperature 0 --use-local-leap] [--limit N] [--rows tasks] [--quantize int8] [--checks]
-       (--rows tasks: the task rows only; --quantize: none, int8 or int4 weights, engine/quantization.py)
+       (--rows tasks: the task rows only; --rows phrasings: one row per held-out phrasing;
+       --quantize: none, int8 or int4 weights, engine/quantization.py)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,12 +49,14 @@ from scripts.tiny_chat_corpus import (  # noqa: E402
     ASK_NAME,
     BEFORE,
     COUNT,
+    FACTS,
     FAMILIES,
     HELP_ANSWER,
     INTRO,
     LARGER,
     MINUS,
     NAMES,
+    PHRASINGS,
     PLUS,
     REPEAT,
     SMALLER,
@@ -58,6 +65,7 @@ from scripts.tiny_chat_corpus import (  # noqa: E402
     Example,
     heldout_examples,
     heldout_system_prompts,
+    normalized_prompt,
     training_pool,
 )
 
@@ -182,6 +190,23 @@ def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[st
     rows["help, raw prompt"] = as_raw_prompts(rows["help (other)"])
     rows["out of range (split)"] = heldout_examples(10_000, families=("out_of_range",))
     rows["out of range (fresh)"] = fresh_out_of_range(fresh_out_of_range_prompts)
+    return rows
+
+
+def heldout_phrasing_rows() -> dict[str, list[Example]]:
+    """Row per held-out phrasing ("family: template") -> every held-out prompt in that phrasing, in the
+    family's shuffled order (so that a row's first N are a sample of it)."""
+    templates = dict.fromkeys(t for phrasings in PHRASINGS + [fact[:2] for fact in FACTS] for t in phrasings[1])
+    shapes = [
+        (template, re.compile(re.escape(normalized_prompt(re.sub(r"\{\w\}", "SLOT", template))).replace("slot", ".+")))
+        for template in templates
+    ]
+    rows: dict[str, list[Example]] = {}
+    for family in TASK_FAMILIES:
+        for e in heldout_examples(10**6, families=(family,), phrasing="heldout"):
+            texts = [normalized_prompt(m["content"]) for m in reversed(e.messages) if m["role"] == "user"]
+            template = next(t for text in texts for t, shape in shapes if shape.fullmatch(text))
+            rows.setdefault(f"{family}: {template}", []).append(e)
     return rows
 
 
@@ -317,8 +342,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quantize", default="none", help="weight-only quantization: none, int8, int4")
     ap.add_argument("--dtype", default=None, help="model dtype (default float32 on the CPU)")
-    ap.add_argument("--rows", choices=("all", "tasks", "out-of-range", "none"), default="all",
-                    help="tasks: no conversation rows; out-of-range: only the fresh out-of-range prompts")  # fmt: skip
+    ap.add_argument("--rows", choices=("all", "tasks", "phrasings", "out-of-range", "none"), default="all",
+                    help="tasks: no conversation rows; phrasings: one row per held-out phrasing; out-of-range: "
+                    "only the fresh out-of-range prompts")  # fmt: skip
     ap.add_argument("--fresh", type=int, default=40, help="fresh out-of-range prompts drawn (the v3 test draws 40)")
     ap.add_argument("--checks", action="store_true", help="also the garble and variety checks")
     ap.add_argument("--show-wrong", type=int, default=0, help="print up to N wrong answers per row")
@@ -368,7 +394,7 @@ def report(
     scores: dict[str, float] = {}
     answered: dict[tuple, object] = {}  # "tasks, new phrasings" and "number words" reuse the per-family results
     tokens, seconds, results_all = 0, 0.0, []
-    rows = evaluation_rows(limit, fresh)
+    rows = heldout_phrasing_rows() if which == "phrasings" else evaluation_rows(limit, fresh)
     if which == "tasks":
         rows = {name: rows[name] for name in rows if name.endswith("(new phrasing)") or name.startswith("tasks, ")}
     elif which == "out-of-range":
@@ -395,7 +421,7 @@ def report(
         wrong = [(e, r) for e, r in zip(examples, results) if not e.is_right(r.text)]
         for e, r in wrong[:show_wrong]:
             print(f"    {e.messages[-1]['content']!r} -> {r.text.strip()!r} (want {e.answer!r})")
-    if which != "out-of-range":
+    if which in ("all", "tasks"):
         conversations = chat_client_conversations()
         results = run_chat_client(engine, conversations, params, batch)
         scores["chat client"] = sum(e.is_right(r.text) for (_, _, e), r in zip(conversations, results)) / len(results)

@@ -595,6 +595,18 @@ POLITE_OPENINGS = ["Please ", "Can you ", "Could you ", "Would you "]  # before 
 NEUTRAL_OPENINGS = ["OK, ", "So, ", "Question: ", "Quick question: ", "Now ", "Hmm, "]
 ENDINGS = ["", ".", "?", "!", " please", " :)"]
 VARY_SHARE = 0.6  # training prompts drawn with a varied surface; the rest as the template wrote them
+# Words that ask for the same comparison. Swapped for one another in training prompts (`vary_phrasing`'s
+# `synonyms`), each word meets every frame of its family, so that the word decides between max and min, not
+# the frame around it: with "greatest" in one training frame only (`Find the greatest of ...`), CF1 answered
+# the held-out `What is the greatest of 7, 9, 6?` with the least or a difference (`-3`, as for `What is the
+# difference of ...?`).
+COMPARISON_SYNONYMS = (
+    ("largest", "biggest", "greatest", "highest"),
+    ("smallest", "least", "lowest"),
+    ("larger", "bigger", "greater", "higher"),
+    ("smaller", "lower"),
+)
+_COMPARISON_WORD = re.compile(r"\b(" + "|".join(w for group in COMPARISON_SYNONYMS for w in group) + r")\b")
 
 
 def normalized_prompt(text: str) -> str:
@@ -608,9 +620,24 @@ def lower_first(text: str) -> str:
     return text[0].lower() + text[1:] if text[:1].isupper() and text[1:2].islower() else text
 
 
-def _variations(text: str, rng: random.Random):
-    """Successive variations of `text`, each one change further from it."""
+def swap_comparison_word(text: str, rng: random.Random) -> str:
+    """`text` with one of its comparison words replaced by another of the same meaning (`COMPARISON_SYNONYMS`)."""
+    matches = list(_COMPARISON_WORD.finditer(text))
+    if not matches:
+        return text
+    match = rng.choice(matches)
+    group = next(g for g in COMPARISON_SYNONYMS if match.group(0) in g)
+    other = rng.choice([w for w in group if w != match.group(0)])
+    return text[: match.start()] + other + text[match.end() :]
+
+
+def _variations(text: str, rng: random.Random, synonyms: float = 0.0):
+    """Successive variations of `text`, each one change further from it. `synonyms`: the chance of swapping a
+    comparison word first (checked only when non-zero, so that runs without it draw as before)."""
     first = text.split(" ", 1)[0].strip(",.?!:").lower()
+    if synonyms and rng.random() < synonyms:
+        text = swap_comparison_word(text, rng)
+        yield text
     if rng.random() < 0.3 and re.match(r"(?i)what is ", text):
         text = re.sub(r"(?i)^what is", lambda m: m.group(0)[0] + "hat's", text)
         yield text
@@ -634,13 +661,14 @@ def _variations(text: str, rng: random.Random):
         yield text
 
 
-def vary_phrasing(text: str, rng: random.Random) -> str:
-    """`text` with a varied surface (most of the time), never turned into a held-out prompt or phrasing."""
+def vary_phrasing(text: str, rng: random.Random, synonyms: float = 0.0) -> str:
+    """`text` with a varied surface (most of the time), never turned into a held-out prompt or phrasing.
+    `synonyms`: the chance that a variation starts by swapping a comparison word (`swap_comparison_word`)."""
     if rng.random() >= VARY_SHARE:
         return text
     held_out, held_out_shape = _held_out_texts(), heldout_phrasing_shapes()
     varied = text
-    for candidate in _variations(text, rng):
+    for candidate in _variations(text, rng, synonyms):
         normalized = normalized_prompt(candidate)
         if normalized in held_out or held_out_shape.fullmatch(normalized):
             break

@@ -15,7 +15,7 @@ the weights of every N-th step as step-N.safetensors next to model.safetensors. 
 
 Usage: python scripts/train_tiny_model.py [--minutes 29 | --steps 6000] [--out models/tiny-llada-chat]
        [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25] [--long-share 0.2]
-       [--visible-padding 0] [--checkpoint-every 500] [--eager]
+       [--visible-padding 0] [--synonyms 0] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..128)
 # Share of rows whose end-of-text padding is visible from a random point past the answer on (see
 # `with_visible_padding`). 0 draws none (runs up to CF1).
 VISIBLE_PADDING_SHARE = 0.0
+# Chance that a varied training prompt has a comparison word swapped for a synonym (`vary_phrasing`'s
+# `synonyms`). 0 swaps none (runs up to CF1).
+SYNONYM_SHARE = 0.0
 GROUP = 10  # batches drawn (and length-sorted) together
 SYSTEM_PROMPT_SHARE = 0.5  # rows with a system prompt: most chat front-ends send one
 # Rows after an earlier exchange (the answer is to the last user turn), and single-turn rows as a raw prompt
@@ -169,9 +172,10 @@ class Batcher:
         block_states: float = BLOCK_STATE_SHARE,
         long_share: float = LONG_SHARE,
         visible_padding: float = VISIBLE_PADDING_SHARE,
+        synonyms: float = SYNONYM_SHARE,
     ):
         self.tok, self.rng, self.batch, self.block_states = tok, rng, batch, block_states
-        self.long_share, self.visible_padding = long_share, visible_padding
+        self.long_share, self.visible_padding, self.synonyms = long_share, visible_padding, synonyms
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
         self.weights = list(FAMILY_WEIGHTS.values())
@@ -209,7 +213,9 @@ class Batcher:
         if example.family == "small_talk":
             return example.messages
         return [
-            {"role": "user", "content": vary_phrasing(m["content"], self.rng)} if m["role"] == "user" else m
+            {"role": "user", "content": vary_phrasing(m["content"], self.rng, self.synonyms)}
+            if m["role"] == "user"
+            else m
             for m in example.messages
         ]
 
@@ -358,6 +364,9 @@ def main() -> None:
         default=VISIBLE_PADDING_SHARE,
         help="share of rows whose padding is visible from a random point past the answer",
     )
+    ap.add_argument(
+        "--synonyms", type=float, default=SYNONYM_SHARE, help="chance a varied prompt swaps a comparison word"
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -402,7 +411,9 @@ def main() -> None:
     model.train()
     forward = model if args.eager else compiled_for_training(model)
     opt = optimizer(model)
-    batcher = Batcher(tok, rng, args.seed, args.batch, args.block_states, args.long_share, args.visible_padding)
+    batcher = Batcher(
+        tok, rng, args.seed, args.batch, args.block_states, args.long_share, args.visible_padding, args.synonyms
+    )
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"

@@ -30,6 +30,7 @@ from scripts.eval_tiny_model import (
     fresh_out_of_range,
     garble,
     garble_check,
+    heldout_phrasing_rows,
     run_chat_client,
     variety,
     with_system_prompt,
@@ -37,13 +38,16 @@ from scripts.eval_tiny_model import (
 from scripts.eval_tiny_model import run as run_heldout
 from scripts.tiny_chat_corpus import (
     ADJECTIVES,
+    COMPARISON_SYNONYMS,
     FACTS,
     FAMILIES,
     HELP_ANSWER,
+    LARGER,
     NAMES,
     NEUTRAL_OPENINGS,
     NUMBER_WORDS,
     PHRASINGS,
+    SMALLER,
     TASK_FAMILIES,
     WORDS,
     Example,
@@ -52,6 +56,7 @@ from scripts.tiny_chat_corpus import (
     heldout_system_prompts,
     lower_first,
     normalized_prompt,
+    swap_comparison_word,
     training_pool,
     training_system_prompts,
     training_texts,
@@ -320,6 +325,17 @@ def test_evaluation_rows_wrap_the_task_prompts_in_heldout_conversations():
     assert not any(c.isdigit() for e in rows["number words"] for c in e.messages[-1]["content"])
 
 
+def test_the_per_phrasing_rows_put_every_heldout_prompt_under_its_own_phrasing():
+    """`eval_tiny_model.py --rows phrasings`: a family's 48-prompt row hid that CF1 answered 18 of the 120 held-out
+    `What is the greatest of ...?` prompts right, so the card also reports each held-out phrasing on its own."""
+    rows = heldout_phrasing_rows()
+    assert sum(map(len, rows.values())) == len(heldout_examples(10**6, phrasing="heldout"))
+    assert {row for row in rows if row.startswith("compare: ")} == {f"compare: {t}" for t in LARGER[1] + SMALLER[1]}
+    for template in LARGER[1] + SMALLER[1]:
+        opening = template.split("{")[0]
+        assert all(e.messages[-1]["content"].startswith(opening) for e in rows[f"compare: {template}"])
+
+
 def test_fresh_out_of_range_prompts_are_new_to_the_corpus():
     """The run-time set shares no prompt with the corpus, and covers every family that takes a number or word."""
     corpus = {e.key for items in training_pool().values() for e in items}
@@ -426,12 +442,28 @@ def test_no_training_prompt_takes_the_shape_of_a_heldout_phrasing():
     prompts = [
         e.messages[-1]["content"] for items in training_pool().values() for e in items[:: max(1, len(items) // 400)]
     ]
-    varied = [vary_phrasing(p, rng) for p in prompts for _ in range(4)]
+    varied = [vary_phrasing(p, rng, synonyms) for p in prompts for synonyms in (0.0, 0.5) for _ in range(4)]
     assert not [v for v in varied if shape.fullmatch(normalized_prompt(v))]
     numbered = [
         e for e in heldout_examples(400, phrasing="heldout") if e.family in ("arithmetic", "compare", "successor")
     ]
     assert all(shape.fullmatch(normalized_prompt(e.messages[-1]["content"])) for e in numbered)
+
+
+def test_a_comparison_word_is_swapped_for_every_other_word_of_its_meaning_and_never_for_the_opposite():
+    """`--synonyms` lets `greatest` meet the frames that `largest` and `biggest` are trained in: CF1, trained
+    without it, answered 18 of the 120 held-out `What is the greatest of {a}, {b}, {c}?` prompts right, most
+    with the least of the three. A swap into the opposite meaning would train a wrong answer."""
+    rng = random.Random(0)
+    meaning = {w: i for i, group in enumerate(COMPARISON_SYNONYMS) for w in group}
+    for template in LARGER[0] + SMALLER[0]:
+        words = [w for w in re.findall(r"[a-z]+", template.lower()) if w in meaning]
+        if not words:
+            continue
+        group = COMPARISON_SYNONYMS[meaning[words[0]]]
+        swapped = {swap_comparison_word(template, rng) for _ in range(60)}
+        new_words = {w for text in swapped for w in re.findall(r"[a-z]+", text.lower()) if w in meaning}
+        assert new_words == set(group) - set(words), template
 
 
 def test_the_trainers_mask_ratios_span_every_slice_of_the_range_in_each_batch():
@@ -456,6 +488,19 @@ def test_the_trainers_long_share_sets_how_many_batches_get_long_canvases(long_sh
     batcher.draw()
     long = [all(len(response) > SHORT_CANVAS for _, response, _ in batch) for batch in batcher.queue]
     assert len(long) == 9 and sum(long) in long_batches_left
+
+
+def test_the_trainers_synonyms_flag_swaps_comparison_words_in_the_prompts_it_draws():
+    """`--synonyms`: `highest` is in no template, so only a swap puts it in a training prompt."""
+    from engine.tokenizer import ChatTokenizer
+    from scripts.train_tiny_model import Batcher
+
+    tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+    compare = [e for e in training_pool()["compare"] if "largest" in e.messages[-1]["content"]][:200]
+    for synonyms, swapped in ((0.0, False), (1.0, True)):
+        batcher = Batcher(tok, random.Random(0), seed=0, batch=4, synonyms=synonyms)
+        prompts = [batcher._varied(e)[-1]["content"] for e in compare]
+        assert any("highest" in p for p in prompts) == swapped
 
 
 def test_visible_padding_rows_unmask_everything_from_a_point_past_the_answer_and_keep_the_rest():
