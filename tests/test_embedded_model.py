@@ -73,6 +73,7 @@ NEW_PHRASINGS = [e for f in TASK_FAMILIES for e in [x for x in _NEW if x.family 
 UNMET_TARGETS = {
     "every family, 400 new phrasings": "compare 85.4%: `What is the greatest of {a}, {b}, {c}?` gets another number"
     " (`3, 0, 2` -> `0`)",
+    "out of range, default canvas": "1 of 40 invented (`How much is 86 minus 9?` -> `-3`)",
 }
 
 
@@ -169,7 +170,10 @@ TARGET_SETS = {
     "system prompt": _run(with_system_prompt(NEW_PHRASINGS)),
     "raw prompt": _run(as_raw_prompts(NEW_PHRASINGS)),
     "chat client": _chat_client,
-    "out of range": lambda engine: _run(fresh_out_of_range(40))(engine),
+    **{
+        f"out of range, {name}": lambda engine, n=gen_length: _run(fresh_out_of_range(40), n)(engine)
+        for name, gen_length in CANVASES.items()
+    },
     **{f"held-out {row}": _heldout_row(row) for row in HELDOUT_ROWS},
 }
 
@@ -224,10 +228,10 @@ def test_embedded_model_answers_after_its_own_earlier_replies(target_answers):
     assert sum(e.is_right(r.text) for e, r in zip(examples, results)) >= 18
 
 
-@unmet("out of range")
-def test_embedded_model_gives_the_help_answer_outside_its_range(target_answers):
+@pytest.mark.parametrize("canvas", [pytest.param(c, marks=unmet(f"out of range, {c}")) for c in CANVASES])
+def test_embedded_model_gives_the_help_answer_outside_its_range(target_answers, canvas):
     """40 prompts drawn at run time (numbers past each range, made-up words and names): none invented."""
-    _, results = target_answers("out of range")
+    _, results = target_answers(f"out of range, {canvas}")
     assert [r.text.strip() for r in results] == [HELP_ANSWER] * 40
 
 
@@ -248,7 +252,8 @@ SHIPPED_MISSES = {
         "How is mouse spelled?",
     ],
     "chat client": [],
-    "out of range": [],
+    "out of range, default canvas": ["How much is 86 minus 9?"],
+    "out of range, max_tokens 32": [],
     "held-out small talk": [],
     "held-out help (other)": [],
     "held-out out of range (split)": ["before 77"],
