@@ -46,17 +46,16 @@ if __package__ in (None, ""):  # run as a script: make `scripts` and `engine` im
 from engine import DiffusionEngine, SamplingParams  # noqa: E402
 from scripts.tiny_chat_corpus import (  # noqa: E402
     AFTER,
+    ALL_PHRASINGS,
     ASK_NAME,
     BEFORE,
     COUNT,
-    FACTS,
     FAMILIES,
     HELP_ANSWER,
     INTRO,
     LARGER,
     MINUS,
     NAMES,
-    PHRASINGS,
     PLUS,
     REPEAT,
     SMALLER,
@@ -66,6 +65,7 @@ from scripts.tiny_chat_corpus import (  # noqa: E402
     heldout_examples,
     heldout_system_prompts,
     normalized_prompt,
+    phrasing_shape,
     training_pool,
 )
 
@@ -196,11 +196,8 @@ def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[st
 def heldout_phrasing_rows() -> dict[str, list[Example]]:
     """Row per held-out phrasing ("family: template") -> every held-out prompt in that phrasing, in the
     family's shuffled order (so that a row's first N are a sample of it)."""
-    templates = dict.fromkeys(t for phrasings in PHRASINGS + [fact[:2] for fact in FACTS] for t in phrasings[1])
-    shapes = [
-        (template, re.compile(re.escape(normalized_prompt(re.sub(r"\{\w\}", "SLOT", template))).replace("slot", ".+")))
-        for template in templates
-    ]
+    templates = dict.fromkeys(t for _, heldout in ALL_PHRASINGS for t in heldout)  # facts share theirs
+    shapes = [(template, re.compile(phrasing_shape(template))) for template in templates]
     rows: dict[str, list[Example]] = {}
     for family in TASK_FAMILIES:
         for e in heldout_examples(10**6, families=(family,), phrasing="heldout"):

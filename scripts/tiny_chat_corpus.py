@@ -183,6 +183,8 @@ SENTENCE = (
 )  # fmt: skip
 
 PHRASINGS = [PLUS, MINUS, LARGER, SMALLER, COUNT, COUNT_TO, AFTER, BEFORE, SPELL, REPEAT, INTRO, ASK_NAME, SENTENCE]
+# The same with each fact's (training, held-out) phrasings: every template a prompt of the corpus comes from.
+ALL_PHRASINGS = PHRASINGS + [(trained, heldout) for trained, heldout, *_ in FACTS]
 
 # The help answer: at most 20 tokens (it must fit max_tokens 32 with room), naming what works. Its first
 # word differs from every other reply's: with "I am ..." (as "I am fine, thank you!") the model once
@@ -676,19 +678,23 @@ def vary_phrasing(text: str, rng: random.Random, synonyms: float = 0.0) -> str:
     return varied
 
 
+def _normalized_template(template: str) -> str:
+    return normalized_prompt(re.sub(r"\{\w\}", "SLOT", template))
+
+
+def phrasing_shape(template: str) -> str:
+    """The pattern of the normalized prompts `template` gives, each slot filled by anything."""
+    return re.escape(_normalized_template(template)).replace("slot", ".+")
+
+
 @cache
 def heldout_phrasing_shapes() -> re.Pattern:
     """The held-out phrasings with any slot filled by anything, normalized. A variation may not take one of these
     shapes even with other numbers or words: out-of-range rows once turned into `Can you subtract 8 from 2?` and
     `Tell me 1 minus 9.`, the only rows in that shape, so the model learned the phrasing itself as the help
     answer's and answered every held-out `Can you subtract ...` with it."""
-
-    def normalized(template: str) -> str:
-        return normalized_prompt(re.sub(r"\{\w\}", "SLOT", template))
-
-    all_phrasings = PHRASINGS + [(trained, heldout) for trained, heldout, *_ in FACTS]
-    trained = {normalized(t) for phrasings in all_phrasings for t in phrasings[0]}
-    shapes = {re.escape(normalized(t)).replace("slot", ".+") for phrasings in all_phrasings for t in phrasings[1]}
+    trained = {_normalized_template(t) for phrasings in ALL_PHRASINGS for t in phrasings[0]}
+    shapes = {phrasing_shape(t) for phrasings in ALL_PHRASINGS for t in phrasings[1]}
     # Held-out phrasings that normalize to a trained one (`Please spell {w}.`) are not new shapes.
     shapes = {shape for shape in shapes if not any(re.fullmatch(shape, t) for t in trained)}
     return re.compile("|".join(sorted(shapes)))
