@@ -71,9 +71,7 @@ NEW_PHRASINGS = [e for f in TASK_FAMILIES for e in [x for x in _NEW if x.family 
 # Issue 28's targets that the shipped weights miss: target -> what they measured. The issue stays open until
 # weights meet every target; strict, so that weights which meet one turn its test red until its entry goes.
 UNMET_TARGETS = {
-    "every family, 400 new phrasings": "compare 85.4%: `What is the greatest of {a}, {b}, {c}?` gets another number"
-    " (`3, 0, 2` -> `0`)",
-    "out of range, default canvas": "1 of 40 invented (`How much is 86 minus 9?` -> `-3`)",
+    "out of range, default canvas": "1 of 40 invented (`How much is 86 minus 9?` -> `-2`)",
 }
 
 
@@ -242,21 +240,16 @@ def test_embedded_model_answers_heldout_conversations(target_answers, row):
 
 # The prompts of each target set that the shipped weights answer wrong, as measured when they were committed.
 SHIPPED_MISSES = {
-    "new phrasings, default canvas": ["What is the greatest of 3, 0, 2?"],
-    "new phrasings, max_tokens 32": ["What is the greatest of 3, 0, 2?"],
-    "system prompt": ["What is the greatest of 3, 0, 2?"],
-    "raw prompt": [
-        "Can you count from three to six?",
-        "Can you count from zero to one?",
-        "Tell me what comes after five.",
-        "How is mouse spelled?",
-    ],
-    "chat client": [],
+    "new phrasings, default canvas": [],
+    "new phrasings, max_tokens 32": [],
+    "system prompt": [],
+    "raw prompt": ["Can you count from three to six?", "Can you count to 5?", "Tell me what comes after 11."],
+    "chat client": ['Can you say "lion"?'],
     "out of range, default canvas": ["How much is 86 minus 9?"],
     "out of range, max_tokens 32": [],
     "held-out small talk": [],
     "held-out help (other)": [],
-    "held-out out of range (split)": ["before 77"],
+    "held-out out of range (split)": [],
     "held-out number words": [],
 }
 
@@ -493,6 +486,26 @@ def test_the_trainers_long_share_sets_how_many_batches_get_long_canvases(long_sh
     batcher.draw()
     long = [all(len(response) > SHORT_CANVAS for _, response, _ in batch) for batch in batcher.queue]
     assert len(long) == 9 and sum(long) in long_batches_left
+
+
+@pytest.mark.parametrize(("factor", "more_help_in_long_rows"), [(1.0, False), (20.0, True)])
+def test_the_trainers_long_out_of_range_factor_weighs_that_family_in_long_canvases_only(factor, more_help_in_long_rows):
+    """`--long-out-of-range`: the out-of-range family (answered with the help answer) is drawn more often in
+    long-canvas rows, and as before in short ones."""
+    from engine.tokenizer import ChatTokenizer
+    from scripts.train_tiny_model import Batcher
+
+    tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+    help_ids = tok.encode_text(HELP_ANSWER)
+    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, long_out_of_range=factor)
+
+    def help_share(long: bool) -> float:
+        rows = [batcher._row(long) for _ in range(600)]
+        return sum(response[: len(help_ids)] == help_ids for _, response, _ in rows) / len(rows)
+
+    short, long = help_share(False), help_share(True)
+    assert 0.1 < short < 0.25  # out of range and help: 3.25 of the weights' 20.75
+    assert (long > 2 * short) == more_help_in_long_rows
 
 
 def test_the_trainers_synonyms_flag_swaps_comparison_words_in_the_prompts_it_draws():
