@@ -693,8 +693,8 @@ def heldout_phrasing_shapes() -> re.Pattern:
     shapes even with other numbers or words: out-of-range rows once turned into `Can you subtract 8 from 2?` and
     `Tell me 1 minus 9.`, the only rows in that shape, so the model learned the phrasing itself as the help
     answer's and answered every held-out `Can you subtract ...` with it."""
-    trained = {_normalized_template(t) for phrasings in ALL_PHRASINGS for t in phrasings[0]}
-    shapes = {phrasing_shape(t) for phrasings in ALL_PHRASINGS for t in phrasings[1]}
+    trained = {_normalized_template(t) for templates, _ in ALL_PHRASINGS for t in templates}
+    shapes = {phrasing_shape(t) for _, heldout in ALL_PHRASINGS for t in heldout}
     # Held-out phrasings that normalize to a trained one (`Please spell {w}.`) are not new shapes.
     shapes = {shape for shape in shapes if not any(re.fullmatch(shape, t) for t in trained)}
     return re.compile("|".join(sorted(shapes)))

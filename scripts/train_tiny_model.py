@@ -428,12 +428,12 @@ def main() -> None:
         tok,
         rng,
         args.seed,
-        args.batch,
-        args.block_states,
-        args.long_share,
-        args.visible_padding,
-        args.synonyms,
-        args.long_out_of_range,
+        batch=args.batch,
+        block_states=args.block_states,
+        long_share=args.long_share,
+        visible_padding=args.visible_padding,
+        synonyms=args.synonyms,
+        long_out_of_range=args.long_out_of_range,
     )
     probe = heldout_examples(120, phrasing="heldout")
     vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
