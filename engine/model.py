@@ -130,6 +130,33 @@ class LogitIndex:
 
 
 @dataclass(frozen=True)
+class RealTokens:
+    """The real (not padding) positions of a left-padded [B, T] batch: `index` [N], flat indices into its B·T
+    positions, ascending. Given to the forward, it runs the per-token work (embedding, norms, projections, MLP:
+    most of a block's arithmetic) on those N positions only, and lays them out as [B, T] just for attention. A
+    pad's output never reaches a real position (pads are hidden as keys), so each real position computes what
+    it would in the padded batch. Build it on the host (`from_mask`), as the trainer's batches do."""
+
+    index: torch.Tensor
+    batch: int
+    length: int
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> RealTokens:
+        batch, length = attention_mask.shape
+        return cls(attention_mask.flatten().nonzero().squeeze(1), batch, length)
+
+    def pad(self, flat: torch.Tensor) -> torch.Tensor:
+        """[N, C] → [B, T, C], zeros at the pads."""
+        padded = flat.new_zeros(self.batch * self.length, flat.shape[-1]).index_copy(0, self.index, flat)
+        return padded.view(self.batch, self.length, -1)
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """[B, T, C] → [N, C]."""
+        return padded.reshape(self.batch * self.length, -1).index_select(0, self.index)
+
+
+@dataclass(frozen=True)
 class KVFrame:
     """Keys and values for a forward that computes only some positions of each row (the approximate KV cache).
 
@@ -211,33 +238,58 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, config.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(config.mlp_hidden_size, d, bias=False)
 
-    def forward(self, x, cos, sin, key_mask, query_columns: torch.Tensor | None = None, kv: LayerKV | None = None):
-        """x: [B, T, d] → [B, T, d]; or, with query_columns [B, M], the outputs at those rows only, [B, M, d].
+    def forward(
+        self,
+        x,
+        cos,
+        sin,
+        key_mask,
+        query_columns: torch.Tensor | None = None,
+        kv: LayerKV | None = None,
+        real: RealTokens | None = None,
+        query_real: torch.Tensor | None = None,
+    ):
+        """x: [B, T, d] → [B, T, d]; or, with query_columns [B, M], the outputs at those rows only, [B, M, d]
+        (with `query_real` as well, at its entries of that grid only, [N, d]).
 
         Every position attends to all (unpadded) positions, so all T positions supply keys and values, but a
         position's output depends only on its own query row: the rest of the block can skip the others.
         cos/sin: the rotary tables of x's rows ([T, head_dim] shared, or [B, 1, T, head_dim] per row).
         With `kv`, x holds only the positions the forward computes; the keys and values of every column come
         from kv's buffer, after the fresh ones (keys rotated like the queries) are written into it.
+        With `real`, x is [N, d], the batch's real positions only (see RealTokens), and so is the output
+        unless `query_columns` picks positions.
         """
-        batch, length, _ = x.shape
         n = self.attn_norm(x)
-        k = self.k_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(n).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        k, v = self.k_proj(n), self.v_proj(n)
+        if real is not None:  # keys and values, and the queries below, are laid out as [B, T] for attention
+            k, v = real.pad(k), real.pad(v)
+        batch, length, _ = k.shape
+        k = k.view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
         k = apply_rope(k, cos, sin)
         if kv is not None:
             k, v = kv.write(k, v)
         if query_columns is not None:
+            if real is not None:
+                x, n = real.pad(x), real.pad(n)
             gather = query_columns[..., None].expand(-1, -1, x.shape[-1])
             x, n = x.gather(1, gather), n.gather(1, gather)
             cos, sin = rope_rows(cos, query_columns), rope_rows(sin, query_columns)  # [B, 1, M, head_dim]
-        queries = x.shape[1]
-        q = self.q_proj(n).view(batch, queries, self.n_heads, self.head_dim).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
+        q = self.q_proj(n)
+        if real is not None and query_columns is None:
+            q = real.pad(q)
+        queries = q.shape[1]
+        q = apply_rope(q.view(batch, queries, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
         attn = F.scaled_dot_product_attention(
             q, k, v, attn_mask=key_mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
         )
-        h = x + self.attn_out(attn.transpose(1, 2).reshape(batch, queries, -1))
+        attn = attn.transpose(1, 2).reshape(batch, queries, -1)
+        if query_real is not None:  # the MLP runs at the wanted entries of the grid only
+            x, attn = x.flatten(0, 1)[query_real], attn.flatten(0, 1)[query_real]
+        elif real is not None and query_columns is None:
+            attn = real.unpad(attn)
+        h = x + self.attn_out(attn)
         n = self.ff_norm(h)
         return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
 
@@ -263,6 +315,7 @@ class LLaDAModelLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         logit_index: LogitIndex | None = None,
         kv: KVFrame | None = None,
+        real_tokens: RealTokens | None = None,
     ) -> torch.Tensor:
         """Logits of a [B, T] batch.
 
@@ -273,9 +326,11 @@ class LLaDAModelLM(nn.Module):
         kv: compute only the positions `kv.columns` ([B, A], the tokens of `input_ids`), reading and writing
             keys and values in `kv.buffer` (see KVFrame); `attention_mask` is then `kv.key_mask`'s job and
             `logit_index` counts positions within each row of `input_ids`.
+        real_tokens: `attention_mask`'s real positions (`RealTokens.from_mask`, built on the host): the blocks'
+            per-token work skips the pads. Without `logit_index` the logits are then those positions', [N, V].
         """
         t = self.model.transformer
-        x = t.wte(input_ids)
+        x = t.wte(input_ids if real_tokens is None else input_ids.flatten().index_select(0, real_tokens.index))
         layers: list[LayerKV | None] = [None] * len(t.blocks)
         if kv is None:
             cos, sin = self.rotary.get(input_ids.shape[1], input_ids.device)
@@ -287,13 +342,20 @@ class LLaDAModelLM(nn.Module):
             layers = kv.layers()
         *blocks, last = t.blocks
         for block, layer_kv in zip(blocks, layers):
-            x = block(x, cos, sin, key_mask, kv=layer_kv)
+            x = block(x, cos, sin, key_mask, kv=layer_kv, real=real_tokens)
         if logit_index is None:
-            return t.ff_out(t.ln_f(last(x, cos, sin, key_mask, kv=layers[-1])))
-        x = last(x, cos, sin, key_mask, query_columns=logit_index.columns, kv=layers[-1]).flatten(0, 1)
-        if logit_index.real is not None:
-            x = x[logit_index.real]
-        return t.ff_out(t.ln_f(x))
+            return t.ff_out(t.ln_f(last(x, cos, sin, key_mask, kv=layers[-1], real=real_tokens)))
+        x = last(
+            x,
+            cos,
+            sin,
+            key_mask,
+            query_columns=logit_index.columns,
+            kv=layers[-1],
+            real=real_tokens,
+            query_real=logit_index.real,
+        )
+        return t.ff_out(t.ln_f(x if logit_index.real is not None else x.flatten(0, 1)))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

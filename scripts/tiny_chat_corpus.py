@@ -30,11 +30,20 @@ minutes on a CPU.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 import string
 from dataclasses import dataclass, field
 from functools import cache
+
+# The shipped weights were trained in two stages (models/tiny-llada-chat/README.md): stage 1 on this corpus
+# without the rows marked "stage 2" below, stage 2 on all of it. `TINY_CHAT_CORPUS_STAGE=1` in the environment
+# of the process that imports this module (the trainer's) gives stage 1's corpus, the same rows, split and
+# tokenizer as at commit 3312607 where stage 1 ran (tests/test_embedded_model.py checks the tokenizer).
+STAGE = int(os.environ.get("TINY_CHAT_CORPUS_STAGE", "2"))
+if STAGE not in (1, 2):
+    raise ValueError(f"TINY_CHAT_CORPUS_STAGE must be 1 or 2, not {STAGE}")
 
 HELDOUT_PERCENT = 15
 
@@ -192,8 +201,9 @@ ALL_PHRASINGS = PHRASINGS + [(trained, heldout) for trained, heldout, *_ in FACT
 HELP_ANSWER = "This is a tiny demo model. It can add, compare, count, spell and repeat words."
 
 # Conversation families. Few distinct replies on purpose: a 1M-parameter model reproduces a handful of
-# fixed sentences exactly, but not many. The help group holds several `Who ...?` prompts so that `Who are you?`
-# is not its only one: it differs from `How are you?` by one token, and runs answered it `I am fine, thank you!`.
+# fixed sentences exactly, but not many. The help group holds several `Who ...?` prompts (stage 2) so that `Who
+# are you?` is not its only one: it differs from `How are you?` by one token, and runs answered it `I am fine,
+# thank you!`.
 SMALL_TALK = [  # (prompts, reply)
     (["Hello", "Hi", "Hey", "Hello there", "Hi there", "Hey there", "Good morning", "Good afternoon",
       "Good evening", "Greetings", "Howdy", "Hiya", "Say hello", "Hello, friend", "Hi, nice to meet you",
@@ -209,8 +219,9 @@ SMALL_TALK = [  # (prompts, reply)
       "Tell me about yourself.", "What do you know?", "Introduce yourself.", "Are you an AI?",
       "What are you good at?", "How can you help me?", "Who made you?", "What model are you?", "Are you human?",
       "What are your skills?", "Can you chat?", "Who built you?", "What is this?", "Is anyone there?",
-      "Tell me who you are.", "What should I ask you?", "Who is this?", "Who is there?",
-      "Who is speaking?", "Who are you, bot?", "Who are you again?", "Who do I talk to?"], HELP_ANSWER),
+      "Tell me who you are.", "What should I ask you?"]
+     + (["Who is this?", "Who is there?", "Who is speaking?", "Who are you, bot?", "Who are you again?",
+         "Who do I talk to?"] if STAGE == 2 else []), HELP_ANSWER),
 ]  # fmt: skip
 SMALL_TALK_ENDINGS = ["", ".", "!", "?", "!!", " :)"]
 OTHER_PHRASINGS = [
@@ -444,7 +455,7 @@ def _small_talk():
         for text in prompts:
             bare = text.rstrip(".!?")
             for ending in SMALL_TALK_ENDINGS:
-                for variant in {bare + ending, (bare + ending).lower()}:
+                for variant in dict.fromkeys((bare + ending, (bare + ending).lower())):  # in a fixed order
                     yield Example(_user(variant), reply, "small_talk", keep_in_training=variant == text)
 
 
@@ -528,6 +539,8 @@ def _out_of_range():
             yield Example(_user(t.format(s=w)), HELP_ANSWER, "out_of_range")
     # A two-digit number minus a digit, in every training phrasing of subtraction: with only the 400 rows above,
     # half of them sums, run C0 still answered `How much is 86 minus 9?` with `-2` and `95-9` with a number.
+    if STAGE == 1:
+        return
     rng = random.Random("past 9 minus a digit")
     for _ in range(600):
         t = rng.choice(trained(MINUS))

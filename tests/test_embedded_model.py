@@ -11,8 +11,12 @@ miss a few of them: `UNMET_TARGETS` marks those tests, and `SHIPPED_MISSES` pins
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -394,6 +398,32 @@ def test_every_token_of_a_heldout_prompt_is_one_that_training_rows_show(corpus_t
     assert not unseen
 
 
+def test_stage_1s_corpus_is_this_one_without_its_stage_2_rows_and_builds_the_shipped_tokenizer(tmp_path):
+    """`TINY_CHAT_CORPUS_STAGE=1`: the corpus stage 1 of the shipped weights trained on (at commit 3312607), which
+    is what lets this commit retrain them; stage 2 keeps stage 1's tokenizer, so it must come out byte for byte."""
+    script = (
+        "import json, sys; from pathlib import Path; "
+        "from scripts.tiny_chat_corpus import training_pool; "
+        "from scripts.build_tiny_tokenizer import build_tokenizer, save_tokenizer; "
+        "save_tokenizer(build_tokenizer(), Path(sys.argv[1])); "
+        "print(json.dumps([e.key for items in training_pool().values() for e in items]))"
+    )
+    env = {**os.environ, "TINY_CHAT_CORPUS_STAGE": "1"}
+    repo = EMBEDDED_MODEL_DIR.parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=env, cwd=repo, capture_output=True, text=True, check=True
+    )
+    stage_1 = set(json.loads(done.stdout))
+    stage_2 = {e.key for items in training_pool().values() for e in items}
+    added = stage_2 - stage_1
+    assert stage_1 < stage_2 and len(added) > 500
+    # Stage 2 added the `Who ...?` help prompts and differences of a two-digit number and a digit.
+    difference = re.compile(r"(?=.*\b\d{2}\b)(?=.*\b\d\b)")
+    assert all(key.lower().startswith("user: who") or difference.match(key) for key in added)
+    shipped = (EMBEDDED_MODEL_DIR / "tokenizer.json").read_bytes()
+    assert (tmp_path / "tokenizer.json").read_bytes() == shipped
+
+
 def test_heldout_system_prompts_never_in_training():
     assert heldout_system_prompts() and not set(heldout_system_prompts()) & set(training_system_prompts())
     assert ASSISTANT["content"] in training_system_prompts()  # what front-ends send is trained on
@@ -519,6 +549,30 @@ def test_the_trainers_synonyms_flag_swaps_comparison_words_in_the_prompts_it_dra
         batcher = Batcher(tok, random.Random(0), seed=0, batch=4, synonyms=synonyms)
         prompts = [batcher._varied(e)[-1]["content"] for e in compare]
         assert any("highest" in p for p in prompts) == swapped
+
+
+def test_the_trainers_step_skips_the_pads_and_takes_the_same_step_as_on_the_padded_batch():
+    """`train_step(skip_pads=True)`, the trainer's: the same loss and the same gradients as the padded batch."""
+    import torch
+
+    from engine.loading import load_model
+    from engine.tokenizer import ChatTokenizer
+    from scripts.train_tiny_model import Batcher, optimizer, train_step
+
+    tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+    batch = Batcher(tok, random.Random(0), seed=0, batch=8, long_share=1.0).draw()
+    assert batch[1] is not None and not batch[1].all()  # rows of several lengths: pads to skip
+    steps = {}
+    for skip_pads in (False, True):
+        model = load_model(EMBEDDED_MODEL_DIR, "cpu").requires_grad_(True).train()
+        opt = optimizer(model, fused=False)
+        opt.param_groups[0]["lr"] = opt.param_groups[1]["lr"] = 0.0  # keep the weights: compare the gradients
+        loss = train_step(model, model, opt, batch, skip_pads=skip_pads)
+        steps[skip_pads] = loss, {name: p.grad for name, p in model.named_parameters()}
+    (padded_loss, padded_grads), (loss, grads) = steps[False], steps[True]
+    assert loss == pytest.approx(padded_loss, abs=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, padded_grads[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_visible_padding_rows_unmask_everything_from_a_point_past_the_answer_and_keep_the_rest():

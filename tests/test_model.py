@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import DiffusionEngine
 from engine.loading import dtype_from_name, load_model, resolve_model_dir, weight_files
-from engine.model import LogitIndex, RotaryCache
+from engine.model import LogitIndex, RealTokens, RotaryCache
 from tests.fixture_paths import FIXTURE_DIR, reference
 
 
@@ -56,6 +56,24 @@ def test_logit_index_on_a_left_padded_batch(model):
     wanted = mask.bool() & (torch.arange(ids.shape[1]) % 3 == 0)
     picked = model(ids, mask, logit_index=LogitIndex.from_mask(wanted))
     torch.testing.assert_close(picked, model(ids, mask)[wanted], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["last four columns", "every third real position"])
+def test_real_tokens_skip_the_pads_and_compute_what_the_padded_batch_does(model, ragged):
+    """The trainer's forward (`real_tokens`): per-token work on the real positions only, laid out as the padded
+    batch for attention, gives the padded forward's logits at every real position, with a logit index or not."""
+    case = next(c for c in reference()["logits_cases"] if c["name"] == "left_padded_batch_of_2")
+    ids, mask = torch.tensor(case["input_ids"]), torch.tensor(case["attention_mask"])
+    real = RealTokens.from_mask(mask)
+    assert real.index.numel() == int(mask.sum()) < mask.numel()  # the batch has pads to skip
+    padded = model(ids, mask)
+    torch.testing.assert_close(model(ids, mask, real_tokens=real), padded[mask.bool()], atol=1e-5, rtol=0)
+    columns = torch.arange(ids.shape[1])
+    wanted = mask.bool() & (columns % 3 == 0) if ragged else (columns >= ids.shape[1] - 4).expand(ids.shape)
+    index = LogitIndex.from_mask(wanted)
+    assert (index.real is not None) == ragged
+    picked = model(ids, mask, logit_index=index, real_tokens=real)
+    torch.testing.assert_close(picked, padded[wanted], atol=1e-5, rtol=0)
 
 
 def test_sharded_checkpoint_loads_identically(model, tmp_path):
