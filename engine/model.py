@@ -2,11 +2,13 @@
 
 Module and parameter names mirror the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, …)
 so a state dict loads without renaming. The math follows the official remote code exactly (see
-tests/fixtures/llada-tiny/README.md); the only additions are the serving-oriented forward arguments:
+tests/fixtures/llada-tiny/README.md); the only additions are forward arguments that pad a batch or skip work:
 - a key-padding mask for left-padded batches;
 - `logit_index`, which computes only what the sampler needs: the 126k-row LM head, and the last block's
   queries, attention and MLP, run at the candidate positions only (the other positions still supply that
   block's keys and values);
+- `real_tokens`, which runs the per-token work of a left-padded batch (norms, projections, MLP) on its real
+  positions only: the trainer's batches, a sixth of whose positions are padding;
 - `kv`, a `KVFrame`: the approximate KV cache (Fast-dLLM). The forward then computes only some positions of
   each row; the keys and values of the others come from the frame's buffer, where the fresh ones are written.
 """
@@ -328,7 +330,10 @@ class LLaDAModelLM(nn.Module):
             `logit_index` counts positions within each row of `input_ids`.
         real_tokens: `attention_mask`'s real positions (`RealTokens.from_mask`, built on the host): the blocks'
             per-token work skips the pads. Without `logit_index` the logits are then those positions', [N, V].
+            Not with `kv`, whose forward computes only some positions already.
         """
+        if real_tokens is not None and kv is not None:
+            raise ValueError("real_tokens and kv cannot be combined")
         t = self.model.transformer
         x = t.wte(input_ids if real_tokens is None else input_ids.flatten().index_select(0, real_tokens.index))
         layers: list[LayerKV | None] = [None] * len(t.blocks)
@@ -355,7 +360,7 @@ class LLaDAModelLM(nn.Module):
             real=real_tokens,
             query_real=logit_index.real,
         )
-        return t.ff_out(t.ln_f(x if logit_index.real is not None else x.flatten(0, 1)))
+        return t.ff_out(t.ln_f(x.reshape(-1, x.shape[-1])))  # [B, M, d] or, with real entries picked, [N, d]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
