@@ -398,6 +398,7 @@ def test_every_token_of_a_heldout_prompt_is_one_that_training_rows_show(corpus_t
     assert not unseen
 
 
+@pytest.mark.slow  # a subprocess builds the tokenizer, about 10 s
 def test_stage_1s_corpus_is_this_one_without_its_stage_2_rows_and_builds_the_shipped_tokenizer(tmp_path):
     """`TINY_CHAT_CORPUS_STAGE=1`: the corpus stage 1 of the shipped weights trained on (at commit 3312607), which
     is what lets this commit retrain them; stage 2 keeps stage 1's tokenizer, so it must come out byte for byte."""
