@@ -537,8 +537,8 @@ def _out_of_range():
             yield Example(_user(t.format(w=w)), HELP_ANSWER, "out_of_range")
         for t in trained(REPEAT):
             yield Example(_user(t.format(s=w)), HELP_ANSWER, "out_of_range")
-    # A two-digit number minus a digit, in every training phrasing of subtraction: with only the 400 rows above,
-    # half of them sums, run C0 still answered `How much is 86 minus 9?` with `-2` and `95-9` with a number.
+    # Stage 2: a two-digit number minus a digit, in every training phrasing of subtraction: with only the 400 rows
+    # above, half of them sums, run C0 still answered `How much is 86 minus 9?` with `-2` and `95-9` with a number.
     if STAGE == 1:
         return
     rng = random.Random("past 9 minus a digit")

@@ -74,6 +74,8 @@ def test_real_tokens_skip_the_pads_and_compute_what_the_padded_batch_does(model,
     assert (index.real is not None) == ragged
     picked = model(ids, mask, logit_index=index, real_tokens=real)
     torch.testing.assert_close(picked, padded[wanted], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="cannot be combined"):  # a KV frame's forward computes some positions only
+        model(ids, mask, real_tokens=real, kv=object())
 
 
 def test_sharded_checkpoint_loads_identically(model, tmp_path):
