@@ -262,6 +262,7 @@ class LLaDABlock(nn.Module):
         With `real`, x is [N, d], the batch's real positions only (see RealTokens), and so is the output
         unless `query_columns` picks positions.
         """
+        flat_queries = real is not None and query_columns is None  # every real position queries, as [N, d]
         n = self.attn_norm(x)
         k, v = self.k_proj(n), self.v_proj(n)
         if real is not None:  # keys and values, and the queries below, are laid out as [B, T] for attention
@@ -279,7 +280,7 @@ class LLaDABlock(nn.Module):
             x, n = x.gather(1, gather), n.gather(1, gather)
             cos, sin = rope_rows(cos, query_columns), rope_rows(sin, query_columns)  # [B, 1, M, head_dim]
         q = self.q_proj(n)
-        if real is not None and query_columns is None:
+        if flat_queries:
             q = real.pad(q)
         queries = q.shape[1]
         q = apply_rope(q.view(batch, queries, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
@@ -289,7 +290,7 @@ class LLaDABlock(nn.Module):
         attn = attn.transpose(1, 2).reshape(batch, queries, -1)
         if query_real is not None:  # the MLP runs at the wanted entries of the grid only
             x, attn = x.flatten(0, 1)[query_real], attn.flatten(0, 1)[query_real]
-        elif real is not None and query_columns is None:
+        elif flat_queries:
             attn = real.unpad(attn)
         h = x + self.attn_out(attn)
         n = self.ff_norm(h)
