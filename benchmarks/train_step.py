@@ -20,7 +20,10 @@ timed apart from the `--steps` after them. Rounds alternate the variants, so a n
 the ratio is of medians. The losses of each against eager's after the same batches are printed too: compiling
 and fusing change the order of floating-point sums, not the maths (bfloat16 changes the rounding).
 
-Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 32]
+Usage: python benchmarks/train_step.py [--steps 40] [--warm 10] [--rounds 2] [--batch 32] [--no-bfloat16]
+
+`--no-bfloat16` leaves the bfloat16 variant out: on this CPU it takes most of the run (about 0.5 steps/s, and
+its compile alone about 100 s).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=10, help="steps before timing (the compile happens here)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batch", type=int, default=trainer.BATCH)
+    ap.add_argument("--no-bfloat16", action="store_true", help="leave the bfloat16 variant out (the slowest here)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
@@ -112,6 +116,8 @@ def main() -> None:
         ),
         "compiled, fused, pads skipped (the trainer's)": (trainer.compiled_for_training, True, True),
     }
+    if args.no_bfloat16:
+        del variants["compiled, fused, bf16"]
     models, forwards, times = {}, {}, {name: [] for name in variants}
     first_losses = {}
     for name, (wrap, fused, skip_pads) in variants.items():  # warm-up round: the compile, and the losses below

@@ -108,9 +108,34 @@ PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
-def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetensors") -> None:
-    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetensors", state=None) -> None:
+    state = model.state_dict() if state is None else state
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in state.items()}
     save_file(state, str(out / name), metadata={"format": "pt"})
+
+
+class WeightAverage:
+    """An exponential moving average of the model's parameters along training (Polyak averaging): the final
+    weights are the average of the last ~1/(1 - decay) steps' instead of the last step's, which smooths out
+    where the last noisy updates happened to leave them. The decay ramps up as (1 + t) / (10 + t) over the first
+    steps, so the average does not hold on to the first steps' weights."""
+
+    def __init__(self, model: LLaDAModelLM, decay: float):
+        self.decay = decay
+        self.steps = 0
+        self.params = [p for p in model.parameters()]
+        self.average = [p.detach().clone() for p in self.params]
+
+    def update(self) -> None:
+        self.steps += 1
+        decay = min(self.decay, (1 + self.steps) / (10 + self.steps))
+        with torch.no_grad():
+            torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1 - decay)
+
+    def state_dict(self, model: LLaDAModelLM) -> dict[str, torch.Tensor]:
+        """The model's state dict with the averaged parameters in place of the trained ones."""
+        averaged = {name: a for (name, _), a in zip(model.named_parameters(), self.average)}
+        return {**model.state_dict(), **averaged}
 
 
 def as_block_states(
@@ -386,6 +411,12 @@ def main() -> None:
         default=LONG_OUT_OF_RANGE,
         help="factor on the out-of-range family's weight in long-canvas batches",
     )
+    ap.add_argument(
+        "--average",
+        type=float,
+        default=0.0,
+        help="keep an exponential moving average of the weights with this decay and ship it (0: the last step's)",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -430,6 +461,7 @@ def main() -> None:
     model.train()
     forward = model if args.eager else compiled_for_training(model)
     opt = optimizer(model)
+    average = WeightAverage(model, args.average) if args.average else None
     batcher = Batcher(
         tok,
         rng,
@@ -463,6 +495,8 @@ def main() -> None:
         if batch[3].numel() == 0:  # no target: no position was masked, nothing to learn
             continue
         loss = train_step(forward, model, opt, batch)
+        if average is not None:
+            average.update()
         step += 1
         running = loss if running is None else 0.98 * running + 0.02 * loss
         now = time.time()
@@ -486,6 +520,9 @@ def main() -> None:
             last_eval = time.time()
 
     model.eval()
+    if average is not None:  # the last step's weights stay beside the average for comparison
+        write_checkpoint(model, out, "last-step.safetensors")
+        model.load_state_dict(average.state_dict(model))
     write_checkpoint(model, out)
     minutes = (time.time() - start) / 60
     final = heldout_examples(400, phrasing="heldout")

@@ -576,6 +576,31 @@ def test_the_trainers_step_skips_the_pads_and_takes_the_same_step_as_on_the_padd
         torch.testing.assert_close(grad, padded_grads[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
+def test_the_weight_average_follows_the_trained_weights_with_a_ramped_decay_and_replaces_only_the_parameters():
+    """`WeightAverage` (`--average`): after each step avg <- d * avg + (1 - d) * weights, d = min(decay, (1 + t) /
+    (10 + t)); its state dict is the model's with the averaged parameters in place of the trained ones."""
+    import torch
+
+    from engine.loading import load_model
+    from scripts.train_tiny_model import WeightAverage
+
+    model = load_model(EMBEDDED_MODEL_DIR, "cpu")
+    weight = dict(model.named_parameters())["model.transformer.wte.weight"]
+    start = weight.detach().clone()
+    average = WeightAverage(model, decay=0.2)  # the ramp for the first step, 0.2 from the second on
+    expected = start.clone()
+    for t, shift in enumerate((1.0, 3.0, -2.0), start=1):
+        with torch.no_grad():
+            weight.add_(shift)
+        average.update()
+        decay = min(0.2, (1 + t) / (10 + t))
+        expected = decay * expected + (1 - decay) * weight.detach()
+    state = average.state_dict(model)
+    torch.testing.assert_close(state["model.transformer.wte.weight"], expected)
+    assert not torch.equal(state["model.transformer.wte.weight"], weight.detach())
+    assert state.keys() == model.state_dict().keys()
+
+
 def test_visible_padding_rows_unmask_everything_from_a_point_past_the_answer_and_keep_the_rest():
     import torch
 
