@@ -11,14 +11,15 @@ CPU gets fewer steps but a complete schedule) or a step count (`--steps`: the sa
 on the machine, which is what a shared machine needs). `--init DIR` continues from that directory's
 weights and tokenizer (e.g. a shorter second run at a lower `--lr`). `--checkpoint-every N` also keeps
 the weights of every N-th step as step-N.safetensors next to model.safetensors. The forward is compiled
-(inductor) unless `--eager`: the same maths, a faster step, so more steps in the same minutes. The shipped
-weights' stage 1 trained on the corpus without its stage-2 rows: `TINY_CHAT_CORPUS_STAGE=1` in the environment
-selects it (scripts/tiny_chat_corpus.py).
+(inductor) unless `--eager`: the same maths, a faster step, so more steps in the same minutes. `--average D`
+ships an exponential moving average of the weights (decay D) and keeps the last step's as
+last-step.safetensors. The shipped weights' stage 1 trained on the corpus without its stage-2 rows:
+`TINY_CHAT_CORPUS_STAGE=1` in the environment selects it (scripts/tiny_chat_corpus.py).
 
 Usage: [TINY_CHAT_CORPUS_STAGE=1] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
        [--out models/tiny-llada-chat] [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25]
-       [--long-share 0.2] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1] [--checkpoint-every 500]
-       [--eager]
+       [--long-share 0.2] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1] [--average 0]
+       [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
