@@ -109,9 +109,8 @@ PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
-def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetensors", state=None) -> None:
-    state = model.state_dict() if state is None else state
-    state = {k: v.detach().to(torch.float32).contiguous() for k, v in state.items()}
+def write_checkpoint(model: LLaDAModelLM, out: Path, name: str = "model.safetensors") -> None:
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / name), metadata={"format": "pt"})
 
 
@@ -124,7 +123,7 @@ class WeightAverage:
     def __init__(self, model: LLaDAModelLM, decay: float):
         self.decay = decay
         self.steps = 0
-        self.params = [p for p in model.parameters()]
+        self.params = list(model.parameters())
         self.average = [p.detach().clone() for p in self.params]
 
     def update(self) -> None:
