@@ -74,6 +74,16 @@ def whole_grid(forward):
     return grid_forward
 
 
+def trainers_batcher(batch: int) -> tuple[LLaDAConfig, trainer.Batcher]:
+    """The shipped model's config and the trainer's batch draw (seed 0), in a process set up as the trainer sets
+    its own (2 threads, denormals flushed), with torch's seed 0 for the initial weights."""
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    config = LLaDAConfig.from_file(MODEL_DIR / "config.json")
+    return config, trainer.Batcher(ChatTokenizer.from_pretrained(MODEL_DIR, config), random.Random(0), 0, batch)
+
+
 def train(forward, model, batches, fused: bool, skip_pads: bool) -> tuple[list[float], float]:
     """The trainer's step on each of `batches`, with its optimiser; the losses and the seconds it took."""
     opt = trainer.optimizer(model, fused=fused)
@@ -90,13 +100,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=trainer.BATCH)
     ap.add_argument("--no-bfloat16", action="store_true", help="leave the bfloat16 variant out (the slowest here)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.set_flush_denormal(True)
-    torch.manual_seed(0)
-
-    config = LLaDAConfig.from_file(MODEL_DIR / "config.json")
-    tok = ChatTokenizer.from_pretrained(MODEL_DIR, config)
-    batcher = trainer.Batcher(tok, random.Random(0), 0, args.batch)
+    config, batcher = trainers_batcher(args.batch)
     started = time.perf_counter()
     batches = [batcher.draw() for _ in range(args.warm + args.steps)]
     print(f"drawing a batch: {(time.perf_counter() - started) / len(batches) * 1e3:.1f} ms", flush=True)

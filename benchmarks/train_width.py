@@ -14,22 +14,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import random
 import statistics
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the trainer sets it
-
-import torch  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.train_step import MODEL_DIR, train  # noqa: E402
-from engine.config import LLaDAConfig  # noqa: E402
+# benchmarks.train_step sets OMP_WAIT_POLICY as the trainer does, before torch starts
+from benchmarks.train_step import train, trainers_batcher  # noqa: E402
 from engine.model import LLaDAModelLM  # noqa: E402
-from engine.tokenizer import ChatTokenizer  # noqa: E402
 from scripts import train_tiny_model as trainer  # noqa: E402
 
 
@@ -42,13 +35,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=10, help="steps before timing (the compile happens here)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.set_flush_denormal(True)
-    torch.manual_seed(0)
-
-    shipped = LLaDAConfig.from_file(MODEL_DIR / "config.json")
-    tok = ChatTokenizer.from_pretrained(MODEL_DIR, shipped)
-    batcher = trainer.Batcher(tok, random.Random(0), 0, trainer.BATCH)
+    shipped, batcher = trainers_batcher(trainer.BATCH)
     batches = [batcher.draw() for _ in range(args.warm + args.steps)]
 
     models, forwards, times = {}, {}, {width: [] for width in args.widths}
