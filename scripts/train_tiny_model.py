@@ -18,8 +18,8 @@ last-step.safetensors. The shipped weights' stage 1 trained on the corpus withou
 
 Usage: [TINY_CHAT_CORPUS_STAGE=1] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
        [--out models/tiny-llada-chat] [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25]
-       [--long-share 0.2] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1] [--average 0]
-       [--checkpoint-every 500] [--eager]
+       [--long-share 0.2] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1] [--weight-decay 0.1]
+       [--average 0] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -355,12 +355,13 @@ def compiled_for_training(model: LLaDAModelLM):
     return torch.compile(model, dynamic=True)
 
 
-def optimizer(model: LLaDAModelLM, fused: bool = True) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices only. Fused: the same update in fused kernels instead of a chain
-    of foreach ops; the optimiser step 18.6 -> 4.9 ms of a ~140 ms step here (benchmarks/train_step.py)."""
+def optimizer(model: LLaDAModelLM, fused: bool = True, weight_decay: float = WEIGHT_DECAY) -> torch.optim.AdamW:
+    """AdamW with weight decay (`--weight-decay`) on the matrices only. Fused: the same update in fused kernels
+    instead of a chain of foreach ops; the optimiser step 18.6 -> 4.9 ms of a ~140 ms step here
+    (benchmarks/train_step.py)."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.98), fused=fused)
 
 
@@ -411,6 +412,7 @@ def main() -> None:
         default=LONG_OUT_OF_RANGE,
         help="factor on the out-of-range family's weight in long-canvas batches",
     )
+    ap.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY, help="decoupled weight decay on the matrices")
     ap.add_argument(
         "--average",
         type=float,
@@ -460,7 +462,7 @@ def main() -> None:
         model.load_state_dict(load_file(str(args.init / "model.safetensors")))
     model.train()
     forward = model if args.eager else compiled_for_training(model)
-    opt = optimizer(model)
+    opt = optimizer(model, weight_decay=args.weight_decay)
     average = WeightAverage(model, args.average) if args.average else None
     batcher = Batcher(
         tok,

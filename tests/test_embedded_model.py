@@ -576,6 +576,30 @@ def test_the_trainers_step_skips_the_pads_and_takes_the_same_step_as_on_the_padd
         torch.testing.assert_close(grad, padded_grads[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
+def test_the_trainers_weight_decay_shrinks_the_matrices_only_by_the_rate_it_is_given():
+    """`optimizer(weight_decay=w)` (`--weight-decay`): a step with zero gradients multiplies every matrix by
+    1 - lr * w and leaves the vectors (norm scales) as they were."""
+    import torch
+
+    from engine.loading import load_model
+    from scripts.train_tiny_model import optimizer
+
+    model = load_model(EMBEDDED_MODEL_DIR, "cpu").requires_grad_(True)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    opt = optimizer(model, fused=False, weight_decay=0.3)
+    for group in opt.param_groups:
+        group["lr"] = 0.5
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    vectors = 0
+    for name, p in model.named_parameters():
+        shrink = 1 - 0.5 * 0.3 if p.dim() == 2 else 1.0
+        vectors += p.dim() < 2
+        torch.testing.assert_close(p.detach(), before[name] * shrink, msg=name)
+    assert vectors  # the model has norm scales, and they kept their values
+
+
 def test_the_weight_average_follows_the_trained_weights_with_a_ramped_decay_and_replaces_only_the_parameters():
     """`WeightAverage` (`--average`): after each step avg <- d * avg + (1 - d) * weights, d = min(decay, (1 + t) /
     (10 + t)); its state dict is the model's with the averaged parameters in place of the trained ones."""
