@@ -129,8 +129,10 @@ def matrix_products(model, batch: int, span: int, keys: int, candidates: int):
     square = [torch.randn(d, d) for _ in range(4)]  # q, k, v, attention output
     up = [torch.randn(d, hidden) for _ in range(2)]  # the gated branch and the up projection
     down, head = torch.randn(hidden, d), torch.randn(d, c.vocab_size)
-    q, k, v = torch.randn(batch * heads, span, head_dim), torch.randn(batch * heads, head_dim, keys), torch.randn(
-        batch * heads, keys, head_dim
+    q, k, v = (
+        torch.randn(batch * heads, span, head_dim),
+        torch.randn(batch * heads, head_dim, keys),
+        torch.randn(batch * heads, keys, head_dim),
     )
     out_d, out_h = torch.empty(rows, d), torch.empty(rows, hidden)
     scores, mixed = torch.empty(batch * heads, span, keys), torch.empty(batch * heads, span, head_dim)
@@ -222,8 +224,10 @@ def main() -> None:
         # name: (call, inputs key)
         variants = {
             "eager": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])), "real"),
-            "eager, bucketed": (lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])),
-                                "bucketed"),  # fmt: skip
+            "eager, bucketed": (
+                lambda *t: model.forward(t[0], logit_index=LogitIndex(t[2]), kv=KVFrame(*t[3:])),
+                "bucketed",
+            ),
             "ahead of time (the engine's)": (through_engine, "bucketed"),
             "torch.compile, Python wrapper": (functools.partial(python_wrapper, model), "bucketed"),
             "torch.compile, cpp_wrapper (the engine's before)": (functools.partial(cpp, model), "bucketed"),

@@ -350,7 +350,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "return pool_width if self.on_cuda else longest_canvas",
         "return pool_width",
         "on CPU a compiled cached step reads the keys of its canvases only, not the pool's whole width",
-        ("tests/test_compiled.py::test_a_compiled_cached_step_reads_only_its_canvases_keys_on_cpu_and_the_whole_pool_on_cuda",),
+        (
+            "tests/test_compiled.py::test_a_compiled_cached_step_reads_only_its_canvases_keys_on_cpu_and_the_whole_pool_on_cuda",
+        ),
     ),
     Mutant(
         "aot-graph-reads-strided-inputs",
