@@ -70,6 +70,8 @@ BATCH = 32
 LR, LR_FLOOR, WARMUP_STEPS = 2.1e-3, 0.05, 100
 # Decoupled weight decay on matrices. 0.01 let the model memorise each phrasing separately (train loss 0.002,
 # held-out arithmetic 53%); stronger decay favours one shared rule per operation.
+# 0.3 lifted stage 1 on two seeds (89.2% -> 99.0%, 95.8% -> 99.5%; the card, 6 December, night); not the default
+# yet because no continuation of those runs meets every target.
 WEIGHT_DECAY = 0.1
 EPS = 1e-3  # minimum mask ratio, as in LLaDA
 SHORT_CANVAS, LONG_CANVAS = 40, 128
