@@ -14,7 +14,9 @@ the weights of every N-th step as step-N.safetensors next to model.safetensors. 
 (inductor) unless `--eager`: the same maths, a faster step, so more steps in the same minutes. `--average D`
 ships an exponential moving average of the weights (decay D) and keeps the last step's as
 last-step.safetensors. The shipped weights' stage 1 trained on the corpus without its stage-2 rows:
-`TINY_CHAT_CORPUS_STAGE=1` in the environment selects it (scripts/tiny_chat_corpus.py).
+`TINY_CHAT_CORPUS_STAGE=1` in the environment selects it (scripts/tiny_chat_corpus.py). A run ends by scoring
+400 held-out phrasings at gen 32 (one block, as the probe) and at the default request (gen 128 in the declared
+blocks of 8, what the server decodes a request that sets nothing with); the long canvas is where runs differ most.
 
 Usage: [TINY_CHAT_CORPUS_STAGE=1] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
        [--out models/tiny-llada-chat] [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25]
@@ -326,16 +328,36 @@ class Batcher:
         return noisy, (attn if (attn == 0).any() else None), index, ids[trained], weight[trained]
 
 
-def quick_eval(model, tok, examples, gen_length: int, steps: int) -> tuple[float, float]:
+def quick_eval(model, tok, examples, params: SamplingParams) -> tuple[float, float]:
     """Exact match and share ending in EOS/EOT, decoded by the engine's own sampler (temperature 0)."""
     engine = DiffusionEngine(model, tok, torch.device("cpu"), model_name="training checkpoint")
-    params = SamplingParams(gen_length=gen_length, num_denoising_steps=steps)
     model.eval()
     results = run_heldout(engine, examples, params, batch=32)
     model.train()
     hits = sum(e.is_right(r.text) for e, r in zip(examples, results))
     stops = sum(r.finish_reason == "stop" for r in results)
     return hits / len(examples), stops / len(examples)
+
+
+def one_block(gen_length: int, steps: int) -> SamplingParams:
+    """The probe's decoding: the whole canvas as one block, fast enough to run during training."""
+    return SamplingParams(gen_length=gen_length, num_denoising_steps=steps)
+
+
+def model_config(hf_tok) -> LLaDAConfig:
+    """The trained model's config, with the block length it declares (written to generation_config.json, not
+    config.json), so that an engine on the model in memory decodes a request as the server will."""
+    ids = special_ids(hf_tok)
+    vocab_rows = -(-hf_tok.get_vocab_size() // 64) * 64  # embedding rows padded to a multiple of 64
+    return LLaDAConfig(
+        **ARCH,
+        vocab_size=vocab_rows,
+        max_sequence_length=512,
+        mask_token_id=ids[MASK],
+        eos_token_id=ids[EOS],
+        pad_token_id=ids[EOS],
+        block_length=DECODE_BLOCK_LENGTH,
+    )
 
 
 def init_weights(model: LLaDAModelLM) -> None:
@@ -431,7 +453,7 @@ def main() -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
-    # Tokenizer first: the config needs its special ids; embedding rows are padded to a multiple of 64.
+    # Tokenizer first: the config needs its special ids.
     if args.init is not None:  # the weights only make sense with their own tokenizer
         from tokenizers import Tokenizer
 
@@ -445,16 +467,7 @@ def main() -> None:
     generation_file = out / "generation_config.json"
     generation = json.loads(generation_file.read_text())
     generation_file.write_text(json.dumps({**generation, "block_length": DECODE_BLOCK_LENGTH}, indent=2) + "\n")
-    ids = special_ids(hf_tok)
-    vocab_rows = -(-hf_tok.get_vocab_size() // 64) * 64
-    config = LLaDAConfig(
-        **ARCH,
-        vocab_size=vocab_rows,
-        max_sequence_length=512,
-        mask_token_id=ids[MASK],
-        eos_token_id=ids[EOS],
-        pad_token_id=ids[EOS],
-    )
+    config = model_config(hf_tok)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     tok = ChatTokenizer.from_pretrained(out, config)
 
@@ -478,7 +491,7 @@ def main() -> None:
         long_out_of_range=args.long_out_of_range,
     )
     probe = heldout_examples(120, phrasing="heldout")
-    vocab = f"vocab {hf_tok.get_vocab_size()} (rows {vocab_rows})"
+    vocab = f"vocab {hf_tok.get_vocab_size()} (rows {config.vocab_size})"
     budget_text = f"{args.steps} steps" if args.steps else f"{args.minutes} min"
     print(f"params {model.num_parameters():,}  {vocab}  budget {budget_text}", flush=True)
 
@@ -516,7 +529,7 @@ def main() -> None:
             write_checkpoint(model, out)
             print(f"  checkpoint step-{step} at {(now - start) / 60:.1f} min", flush=True)
         if args.eval_every_s and now - last_eval >= args.eval_every_s:
-            acc, stop = quick_eval(model, tok, probe, 32, 32)
+            acc, stop = quick_eval(model, tok, probe, one_block(32, 32))
             print(
                 f"  probe eval (120 held-out phrasings, gen 32, 32 steps): right {acc:.1%}  stop {stop:.1%}", flush=True
             )
@@ -531,10 +544,18 @@ def main() -> None:
     minutes = (time.time() - start) / 60
     final = heldout_examples(400, phrasing="heldout")
     for steps in (32, 16):
-        acc, stop = quick_eval(model, tok, final, 32, steps)
+        acc, stop = quick_eval(model, tok, final, one_block(32, steps))
         print(
             f"final eval (400 held-out phrasings, gen 32, {steps} steps): right {acc:.1%}  stop {stop:.1%}", flush=True
         )
+    # The canvas a request that sets no max_tokens gets, where most misses of a run show and gen 32 hides them.
+    served = SamplingParams.for_model(config.sampler_defaults, temperature=0.0)
+    acc, stop = quick_eval(model, tok, final, served)
+    print(
+        f"final eval (400 held-out phrasings, the default request: gen {served.gen_length}, blocks of "
+        f"{served.block_length}, {served.num_denoising_steps} steps): right {acc:.1%}  stop {stop:.1%}",
+        flush=True,
+    )
     print(f"done: {step} steps in {minutes:.1f} min -> {out}", flush=True)
 
 

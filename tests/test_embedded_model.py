@@ -146,6 +146,18 @@ def test_embedded_model_declares_the_block_length_its_trainer_writes(engine):
     assert {default_request(engine, gen_length=n).block_length for n in (128, 32)} == {8}
 
 
+def test_the_trainer_builds_the_shipped_config_and_evaluates_the_default_request_as_the_server_decodes_it(engine):
+    """The trainer's model config is the shipped config.json, and it carries the declared block length, so the
+    trainer's final eval at the default request decodes as the server does (the probe's one block does not)."""
+    from tokenizers import Tokenizer
+
+    from scripts.train_tiny_model import model_config
+
+    config = model_config(Tokenizer.from_file(str(EMBEDDED_MODEL_DIR / "tokenizer.json")))
+    assert config.to_dict() == json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
+    assert config.sampler_defaults == engine.sampler_defaults
+
+
 def _run(examples, gen_length: int = 32):
     def answer(engine):
         return examples, run_heldout(engine, examples, default_request(engine, gen_length=gen_length), len(examples))
