@@ -464,11 +464,11 @@ def main() -> None:
     else:
         hf_tok = build_tokenizer()
         save_tokenizer(hf_tok, out)
-    generation_file = out / "generation_config.json"
-    generation = json.loads(generation_file.read_text())
-    generation_file.write_text(json.dumps({**generation, "block_length": DECODE_BLOCK_LENGTH}, indent=2) + "\n")
     config = model_config(hf_tok)
     (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    generation_file = out / "generation_config.json"  # where a checkpoint declares its block length
+    generation = json.loads(generation_file.read_text())
+    generation_file.write_text(json.dumps({**generation, "block_length": config.block_length}, indent=2) + "\n")
     tok = ChatTokenizer.from_pretrained(out, config)
 
     model = LLaDAModelLM(config)
