@@ -531,6 +531,19 @@ def test_the_trainers_long_share_sets_how_many_batches_get_long_canvases(long_sh
     assert len(long) == 9 and sum(long) in long_batches_left
 
 
+@pytest.mark.parametrize("long_canvas", [128, 160])
+def test_the_trainers_long_canvas_sets_the_longest_canvas_a_long_row_draws(long_canvas):
+    """`--long-canvas`: long rows' canvases (answer, end of turn and padding) run from past SHORT_CANVAS up to
+    it, and reach it."""
+    from engine.tokenizer import ChatTokenizer
+    from scripts.train_tiny_model import SHORT_CANVAS, Batcher
+
+    tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, long_canvas=long_canvas)
+    canvases = [len(batcher._row(long=True)[1]) for _ in range(1000)]
+    assert min(canvases) > SHORT_CANVAS and max(canvases) == long_canvas
+
+
 @pytest.mark.parametrize(("factor", "more_help_in_long_rows"), [(1.0, False), (20.0, True)])
 def test_the_trainers_long_out_of_range_factor_weighs_that_family_in_long_canvases_only(factor, more_help_in_long_rows):
     """`--long-out-of-range`: the out-of-range family (answered with the help answer) is drawn more often in
