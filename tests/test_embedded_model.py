@@ -544,24 +544,37 @@ def test_the_trainers_long_canvas_sets_the_longest_canvas_a_long_row_draws(long_
     assert min(canvases) > SHORT_CANVAS and max(canvases) == long_canvas
 
 
-@pytest.mark.parametrize(("factor", "more_help_in_long_rows"), [(1.0, False), (20.0, True)])
-def test_the_trainers_long_out_of_range_factor_weighs_that_family_in_long_canvases_only(factor, more_help_in_long_rows):
-    """`--long-out-of-range`: the out-of-range family (answered with the help answer) is drawn more often in
-    long-canvas rows, and as before in short ones."""
+def _is_help(tok, answer: list[int]) -> bool:
+    return answer == tok.encode_text(HELP_ANSWER)
+
+
+def _is_count(tok, answer: list[int]) -> bool:
+    return re.fullmatch(r"\d( \d)+", tok.decode(answer)) is not None  # no other family answers several numbers
+
+
+@pytest.mark.parametrize(
+    ("family", "is_family", "short_share"),
+    [("out_of_range", _is_help, (0.1, 0.25)), ("count", _is_count, (0.02, 0.1))],  # of the weights' 20.75: 3.25, 1
+)
+@pytest.mark.parametrize(("factor", "more_in_long_rows"), [(1.0, False), (20.0, True)])
+def test_the_trainers_long_factors_weigh_a_family_in_long_canvases_only(
+    family, is_family, short_share, factor, more_in_long_rows
+):
+    """`--long-out-of-range`, `--long-count`: the family is drawn more often in long-canvas rows, and as before in
+    short ones."""
     from engine.tokenizer import ChatTokenizer
     from scripts.train_tiny_model import Batcher
 
     tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
-    help_ids = tok.encode_text(HELP_ANSWER)
-    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, long_out_of_range=factor)
+    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, long_factors={family: factor})
 
-    def help_share(long: bool) -> float:
+    def share(long: bool) -> float:
         rows = [batcher._row(long) for _ in range(600)]
-        return sum(response[: len(help_ids)] == help_ids for _, response, _ in rows) / len(rows)
+        return sum(is_family(tok, response[: n_real - 1]) for _, response, n_real in rows) / len(rows)
 
-    short, long = help_share(False), help_share(True)
-    assert 0.1 < short < 0.25  # out of range and help: 3.25 of the weights' 20.75
-    assert (long > 2 * short) == more_help_in_long_rows
+    short, long = share(False), share(True)
+    assert short_share[0] < short < short_share[1]
+    assert (long > 2 * short) == more_in_long_rows
 
 
 def test_the_trainers_synonyms_flag_swaps_comparison_words_in_the_prompts_it_draws():
