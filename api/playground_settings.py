@@ -95,7 +95,7 @@ def default_notes(engine: Any) -> dict[str, str]:
         "block_length": (
             "the canvas"
             if declared is None
-            else f"{declared}, or a doubling of it, where it divides the canvas and the steps; else the canvas"
+            else f"{declared}, or its smallest multiple that divides the canvas and the steps; else the canvas"
         ),
         "num_denoising_steps": f"min({DEFAULT_STEPS}, canvas)",
         "seed": "random",

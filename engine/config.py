@@ -86,8 +86,8 @@ class LLaDAConfig:
     eos_token_id: int = LLADA_EOS_ID
     pad_token_id: int = LLADA_EOS_ID
     # generation_config.json `block_length`: the block length the checkpoint is meant to be decoded with, the
-    # default of a request that sets none (or a doubling of it, where it divides the canvas); None: one block, as
-    # generate() does.
+    # default of a request that sets none (or its smallest multiple that fits the canvas and steps); None: one
+    # block, as generate() does.
     block_length: int | None = None
 
     @property

@@ -14,6 +14,7 @@ report it as `error.param`.
 from __future__ import annotations
 
 import functools
+import math
 import secrets
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
@@ -209,6 +210,23 @@ def knob(kind: Kind, default: Any = None, **spec: Any) -> Any:
     return field(default=default, metadata={"knob": Knob(kind, default, **spec)})
 
 
+def _smallest_fitting_multiple(declared: int, knobs: dict[str, Any]) -> int | None:
+    """The smallest multiple of a checkpoint's declared block length that fits a request setting none: the canvas
+    whole blocks of it, and the step count (where the request decodes with one) shared evenly between them; None
+    where no multiple divides the canvas. Blocks of a multiple of `declared` number a divisor of the canvas's count
+    of declared blocks, and must divide the steps too: the most of them (the smallest blocks) is the gcd of the two.
+    160 tokens in the default 128 steps with 8 declared: four blocks of 40, where trying only doublings of 8 found
+    none and fell back to one block, the setting small models answer worst in (models/tiny-llada-chat/README.md)."""
+    canvas = knobs.get("gen_length") or DEFAULT_GEN_LENGTH
+    if canvas % declared:
+        return None
+    blocks = canvas // declared
+    steps = knobs.get("num_denoising_steps")
+    if steps is None and knobs.get("confidence_threshold") is None:  # a threshold alone decodes with no step count
+        steps = min(DEFAULT_STEPS, canvas)
+    return canvas // (math.gcd(blocks, steps) if steps else blocks)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is denoised: one field per knob, in the order the docs and the `diffusion` object list them.
@@ -233,8 +251,9 @@ class SamplingParams:
         doc="Tokens per block; gen_length must be a multiple of it. Blocks are denoised left to right "
         "(semi-autoregressive); the default is one fully bidirectional block, or, when the checkpoint declares a "
         "block length (generation_config.json `block_length`), that one wherever it fits the request (gen_length "
-        "a multiple of it, and the step count shared evenly between the blocks), else the first of its doublings "
-        "that fits (the embedded model declares 8: 24 steps on 128 tokens run as eight blocks of 16), else one "
+        "a multiple of it, and the step count shared evenly between the blocks), else the smallest of its "
+        "multiples that fits (the embedded model declares 8: 24 steps on 128 tokens run as eight blocks of 16, "
+        "160 tokens in the default 128 steps as four blocks of 40), else one "
         "block. On llada2 (block diffusion) the "
         "default is 32, the block length it was trained with, blocks are aligned to position 0 of the prompt "
         "and the canvas is rounded up to whole blocks: any gen_length works, and the positions past it are "
@@ -482,7 +501,7 @@ class SamplingParams:
         `BlockDiffusionParams`: gen_length need not be a multiple of block_length. A LLaDA checkpoint may
         declare a block length (generation_config.json `block_length`): a request that sets none gets it where
         it fits what the request does set (a canvas of whole blocks, a step count shared evenly between them,
-        as the parameters' own checks decide), else the first of its doublings that fits, else one block, so a
+        as the parameters' own checks decide), else the smallest of its multiples that fits, else one block, so a
         default never turns a valid request into an error. The schedule and the metric are filled in later, by
         `with_model_defaults`.
         """
@@ -490,16 +509,12 @@ class SamplingParams:
             return cls(**knobs)
         if not defaults.aligned_blocks:
             if defaults.block_length is not None and knobs.get("block_length") is None:
-                # Doubled before one block: 24 steps do not share between 16 blocks of 8, but do between eight of
-                # 16, which keeps the small blocks' point (the answer decoded before the padding behind it).
-                # Doubling, not every multiple: a canvas of any size is searched in a few dozen tries at most.
-                canvas = knobs.get("gen_length") or DEFAULT_GEN_LENGTH
-                length = defaults.block_length
-                while length < canvas:
+                length = _smallest_fitting_multiple(defaults.block_length, knobs)
+                if length is not None:
                     try:
                         return cls(**{**knobs, "block_length": length})
                     except InvalidParameter:
-                        length *= 2  # it does not fit this request
+                        pass  # a rule of another knob: the request's own error, as one block gives it
             return cls(**knobs)  # one block, as if the model declared none
         knobs = {name: value for name, value in knobs.items() if value is not None}
         knobs.setdefault("block_length", defaults.block_length)

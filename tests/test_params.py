@@ -133,7 +133,7 @@ def test_block_diffusion_params_take_the_familys_defaults_and_any_canvas():
 
 def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     """A LLaDA checkpoint's generation_config.json `block_length`: the default block length of a request that
-    sets none, where the canvas is several whole blocks and the steps share evenly; else the first doubling of
+    sets none, where the canvas is several whole blocks and the steps share evenly; else the smallest multiple of
     it that does; else one block, never an error the request did not ask for; a block length the request sets
     always wins."""
     from engine.config import SamplerDefaults
@@ -160,4 +160,8 @@ def test_a_declared_block_length_is_the_default_wherever_it_fits_the_request():
     assert SamplingParams.for_model(eights, num_denoising_steps=24).block_length == 16  # 3 steps in each of 8
     assert SamplingParams.for_model(eights, num_denoising_steps=8).block_length == 16  # one step in each of 8
     assert SamplingParams.for_model(eights, gen_length=100).block_length == 100  # no multiple of 8 divides 100
-    assert SamplingParams.for_model(eights, gen_length=2**40).block_length == 2**33  # 31 doublings
+    # 128 steps share between neither 20 blocks of 8 nor any doubling's count (10, 5), but do between 4 of 40
+    assert SamplingParams.for_model(eights, gen_length=160).block_length == 40
+    assert SamplingParams.for_model(eights, gen_length=96, num_denoising_steps=32).block_length == 24  # 12, 6, 3: no
+    assert SamplingParams.for_model(eights, gen_length=160, confidence_threshold=0.9).block_length == 8  # no steps
+    assert SamplingParams.for_model(eights, gen_length=2**40).block_length == 2**33  # 128 blocks: one per step
