@@ -210,21 +210,17 @@ def knob(kind: Kind, default: Any = None, **spec: Any) -> Any:
     return field(default=default, metadata={"knob": Knob(kind, default, **spec)})
 
 
-def _smallest_fitting_multiple(declared: int, knobs: dict[str, Any]) -> int | None:
-    """The smallest multiple of a checkpoint's declared block length that fits a request setting none: the canvas
-    whole blocks of it, and the step count (where the request decodes with one) shared evenly between them; None
-    where no multiple divides the canvas. Blocks of a multiple of `declared` number a divisor of the canvas's count
-    of declared blocks, and must divide the steps too: the most of them (the smallest blocks) is the gcd of the two.
+def _smallest_fitting_multiple(declared: int, canvas: int, steps: int | None) -> int | None:
+    """The smallest multiple of a checkpoint's declared block length that fits a canvas: whole blocks of it, and
+    the step count (None: threshold decoding, which has none) shared evenly between them; None where no multiple
+    divides the canvas. Blocks of a multiple of `declared` number a divisor of the canvas's count of declared
+    blocks, and must divide the steps too: the most of them (the smallest blocks) is the gcd of the two.
     160 tokens in the default 128 steps with 8 declared: four blocks of 40, where trying only doublings of 8 found
     none and fell back to one block, the setting small models answer worst in (models/tiny-llada-chat/README.md)."""
-    canvas = knobs.get("gen_length") or DEFAULT_GEN_LENGTH
     if canvas % declared:
         return None
     blocks = canvas // declared
-    steps = knobs.get("num_denoising_steps")
-    if steps is None and knobs.get("confidence_threshold") is None:  # a threshold alone decodes with no step count
-        steps = min(DEFAULT_STEPS, canvas)
-    return canvas // (math.gcd(blocks, steps) if steps else blocks)
+    return canvas // (blocks if steps is None else math.gcd(blocks, steps))
 
 
 @dataclass(frozen=True)
@@ -508,14 +504,20 @@ class SamplingParams:
         if defaults is None:
             return cls(**knobs)
         if not defaults.aligned_blocks:
-            if defaults.block_length is not None and knobs.get("block_length") is None:
-                length = _smallest_fitting_multiple(defaults.block_length, knobs)
-                if length is not None:
-                    try:
-                        return cls(**{**knobs, "block_length": length})
-                    except InvalidParameter:
-                        pass  # a rule of another knob: the request's own error, as one block gives it
-            return cls(**knobs)  # one block, as if the model declared none
+            if defaults.block_length is None or knobs.get("block_length") is not None:
+                return cls(**knobs)
+            one_block = cls(**knobs)  # as if the model declared none; its checks raise the request's own errors
+            # One block resolved the canvas and the step count (none with a threshold alone), and fits whatever
+            # smaller blocks fit: the declared length or its smallest fitting multiple, where one exists.
+            length = _smallest_fitting_multiple(
+                defaults.block_length, one_block.gen_length, one_block.num_denoising_steps
+            )
+            if length is None:
+                return one_block
+            try:
+                return cls(**{**knobs, "block_length": length})
+            except InvalidParameter:
+                return one_block  # a rule of another knob that smaller blocks break
         knobs = {name: value for name, value in knobs.items() if value is not None}
         knobs.setdefault("block_length", defaults.block_length)
         editing = knobs.get("editing_threshold") is not None
