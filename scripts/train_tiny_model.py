@@ -21,7 +21,7 @@ blocks of 8, what the server decodes a request that sets nothing with); the long
 Usage: [TINY_CHAT_CORPUS_STAGE=1] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
        [--out models/tiny-llada-chat] [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25]
        [--long-share 0.2] [--long-canvas 128] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1]
-       [--long-count 1] [--weight-decay 0.1] [--average 0] [--checkpoint-every 500] [--eager]
+       [--long-count 1] [--family-factor FAMILY=1 ...] [--weight-decay 0.1] [--average 0] [--checkpoint-every 500] [--eager]
 """
 
 from __future__ import annotations
@@ -219,6 +219,7 @@ class Batcher:
         long_share: float = LONG_SHARE,
         visible_padding: float = VISIBLE_PADDING_SHARE,
         synonyms: float = SYNONYM_SHARE,
+        factors: dict[str, float] | None = None,
         long_factors: dict[str, float] | None = None,
         long_canvas: int = LONG_CANVAS,
     ):
@@ -227,10 +228,11 @@ class Batcher:
         self.long_canvas = long_canvas
         self.gen = torch.Generator().manual_seed(seed)
         self.families = list(FAMILY_WEIGHTS)
-        self.weights = list(FAMILY_WEIGHTS.values())
-        # Long-canvas batches may weigh some families up (`--long-out-of-range`, `--long-count`): family -> factor.
-        factors = long_factors or {}
-        self.long_weights = [w * factors.get(f, 1.0) for f, w in FAMILY_WEIGHTS.items()]
+        # Factors on the families' weights, family -> factor: `factors` in every batch (`--family-factor`),
+        # `long_factors` on top of them in long-canvas batches only (`--long-out-of-range`, `--long-count`).
+        factors, long_factors = factors or {}, long_factors or {}
+        self.weights = [w * factors.get(f, 1.0) for f, w in FAMILY_WEIGHTS.items()]
+        self.long_weights = [w * long_factors.get(f, 1.0) for f, w in zip(self.families, self.weights)]
         self.queue: list[list] = []
         self.pool = training_pool()
         self.answers: dict[str, list[int]] = {}
@@ -418,6 +420,14 @@ def train_step(forward, model: LLaDAModelLM, opt: torch.optim.Optimizer, batch, 
     return loss.item()
 
 
+def family_factor(text: str) -> tuple[str, float]:
+    """`--family-factor sentence=3` -> ("sentence", 3.0); an unknown family is an error, not a no-op."""
+    family, _, factor = text.partition("=")
+    if family not in FAMILY_WEIGHTS:
+        raise argparse.ArgumentTypeError(f"unknown family {family!r}: one of {', '.join(FAMILY_WEIGHTS)}")
+    return family, float(factor)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=29.0, help="wall-clock training budget")
@@ -451,6 +461,14 @@ def main() -> None:
     )
     ap.add_argument(
         "--long-count", type=float, default=LONG_COUNT, help="factor on the count family weight in long-canvas batches"
+    )
+    ap.add_argument(
+        "--family-factor",
+        type=family_factor,
+        action="append",
+        default=[],
+        metavar="FAMILY=F",
+        help="factor on a family's weight in every batch (repeatable)",
     )
     ap.add_argument("--long-canvas", type=int, default=LONG_CANVAS, help="longest canvas a long-canvas row draws")
     ap.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY, help="decoupled weight decay on the matrices")
@@ -505,6 +523,7 @@ def main() -> None:
         long_share=args.long_share,
         visible_padding=args.visible_padding,
         synonyms=args.synonyms,
+        factors=dict(args.family_factor),
         long_factors={"out_of_range": args.long_out_of_range, "count": args.long_count},
         long_canvas=args.long_canvas,
     )

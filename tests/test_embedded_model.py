@@ -11,6 +11,7 @@ miss a few of them: `UNMET_TARGETS` marks those tests, and `SHIPPED_MISSES` pins
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -552,25 +553,38 @@ LONG_FACTOR_FAMILIES = [
 
 
 @pytest.mark.parametrize(("family", "is_family", "short_share"), LONG_FACTOR_FAMILIES)
-@pytest.mark.parametrize(("factor", "more_in_long_rows"), [(1.0, False), (20.0, True)])
-def test_the_trainers_long_factors_weigh_a_family_in_long_canvases_only(
-    family, is_family, short_share, factor, more_in_long_rows
+@pytest.mark.parametrize(
+    ("knob", "factor", "more_in_short_rows", "more_in_long_rows"),
+    [("long_factors", 1.0, False, False), ("long_factors", 20.0, False, True), ("factors", 20.0, True, True)],
+)
+def test_the_trainers_family_factors_weigh_a_family_in_the_batches_they_name(
+    family, is_family, short_share, knob, factor, more_in_short_rows, more_in_long_rows
 ):
-    """`--long-out-of-range`, `--long-count`: the family is drawn more often in long-canvas rows, and as before in
-    short ones."""
+    """`--long-out-of-range`, `--long-count` (`long_factors`): the family is drawn more often in long-canvas rows,
+    and as before in short ones; `--family-factor` (`factors`): more often in both."""
     from engine.tokenizer import ChatTokenizer
     from scripts.train_tiny_model import Batcher
 
     tok = ChatTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
-    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, long_factors={family: factor})
+    batcher = Batcher(tok, random.Random(0), seed=0, batch=4, **{knob: {family: factor}})
 
     def share(long: bool) -> float:
         rows = [batcher._row(long) for _ in range(600)]
         return sum(is_family(tok.decode(response[: n_real - 1])) for _, response, n_real in rows) / len(rows)
 
     short, long = share(False), share(True)
-    assert short_share[0] < short < short_share[1]
-    assert (long > 2 * short) == more_in_long_rows
+    assert (short > 2 * short_share[1]) == more_in_short_rows
+    assert (long > 2 * short_share[1]) == more_in_long_rows
+    if not more_in_short_rows:
+        assert short_share[0] < short < short_share[1]
+
+
+def test_the_trainers_family_factor_flag_names_a_family_it_knows():
+    from scripts.train_tiny_model import family_factor
+
+    assert family_factor("sentence=3") == ("sentence", 3.0)
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown family 'sentences'"):
+        family_factor("sentences=3")
 
 
 def test_the_trainers_synonyms_flag_swaps_comparison_words_in_the_prompts_it_draws():
