@@ -21,7 +21,8 @@ blocks of 8, what the server decodes a request that sets nothing with); the long
 Usage: [TINY_CHAT_CORPUS_STAGE=1] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
        [--out models/tiny-llada-chat] [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25]
        [--long-share 0.2] [--long-canvas 128] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1]
-       [--long-count 1] [--family-factor FAMILY=1 ...] [--weight-decay 0.1] [--average 0] [--checkpoint-every 500] [--eager]
+       [--long-count 1] [--family-factor FAMILY=1 ...] [--weight-decay 0.1] [--average 0] [--checkpoint-every 500]
+       [--eager]
 """
 
 from __future__ import annotations
