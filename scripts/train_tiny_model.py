@@ -80,7 +80,7 @@ EPS = 1e-3  # minimum mask ratio, as in LLaDA
 # The longest trained canvas is where a run is weakest: CZ6, trained up to 128, invents out-of-range answers to 3-4
 # of 240 prompts at canvases 32-120, 10 at 128 and 26 at 160. `--long-canvas 160` puts the default request's 128
 # inside the range: it helped in stage 2, and in stage 1 (one draw) cost a held-out phrasing
-# (models/tiny-llada-chat/README.md, 7 December); the shipped weights used 128.
+# (models/tiny-llada-chat/README.md, 7 December); the shipped weights used 128 in stages 1 and 2, 160 in stage 3.
 SHORT_CANVAS, LONG_CANVAS = 40, 128
 LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..LONG_CANVAS)
 # Share of rows whose end-of-text padding is visible from a random point past the answer on (see

@@ -76,7 +76,7 @@ NEW_PHRASINGS = [e for f in TASK_FAMILIES for e in [x for x in _NEW if x.family 
 # Issue 28's targets that the shipped weights miss: target -> what they measured. The issue stays open until
 # weights meet every target; strict, so that weights which meet one turn its test red until its entry goes.
 UNMET_TARGETS = {
-    "out of range, default canvas": "1 of 40 invented (`How much is 86 minus 9?` -> `-2`)",
+    "out of range, default canvas": "1 of 40 invented (`95-9` -> `45`)",
 }
 
 
@@ -262,7 +262,7 @@ SHIPPED_MISSES = {
     "system prompt": [],
     "raw prompt": ["Can you count from three to six?", "Can you count to 5?", "Tell me what comes after 11."],
     "chat client": ['Can you say "lion"?'],
-    "out of range, default canvas": ["How much is 86 minus 9?"],
+    "out of range, default canvas": ["95-9"],
     "out of range, max_tokens 32": [],
     "held-out small talk": [],
     "held-out help (other)": [],
