@@ -546,13 +546,13 @@ def test_the_trainers_long_canvas_sets_the_longest_canvas_a_long_row_draws(long_
 
 
 # A family's rows told apart by their answers, and its share of short rows: 3.25 (help too) and 1 of the weights' 20.75.
-LONG_FACTOR_FAMILIES = [
+FACTOR_FAMILIES = [
     ("out_of_range", lambda answer: answer == HELP_ANSWER, (0.1, 0.25)),
     ("count", lambda answer: re.fullmatch(r"\d( \d)+", answer) is not None, (0.02, 0.1)),  # only count lists numbers
 ]
 
 
-@pytest.mark.parametrize(("family", "is_family", "short_share"), LONG_FACTOR_FAMILIES)
+@pytest.mark.parametrize(("family", "is_family", "short_share"), FACTOR_FAMILIES)
 @pytest.mark.parametrize(
     ("knob", "factor", "more_in_short_rows", "more_in_long_rows"),
     [("long_factors", 1.0, False, False), ("long_factors", 20.0, False, True), ("factors", 20.0, True, True)],
