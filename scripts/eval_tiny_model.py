@@ -10,7 +10,9 @@ alone) and prints, per row, the share of right answers and of answers that ended
   prompt without the chat template (what /v1/completions sends), and those that use number words;
 - small talk, other prompts (the help answer), the out-of-range prompts of the corpus's held-out split;
 - "out of range (fresh)": 40 prompts drawn at run time (`fresh_out_of_range`, random numbers past each
-  family's range and made-up words; not stored anywhere), every one must get the help answer;
+  family's range and made-up words; not stored anywhere), every one must get the help answer. The test draws
+  them with seed 2026; `--rows out-of-range --fresh-seeds 6-15` draws 40 with each of ten other seeds, 400
+  prompts that no run was chosen by (the card's unbiased count);
 - "chat client": two-turn conversations where the first reply is the model's own, fed back as a chat client
   (`llm -c`) does.
 With `--rows phrasings`, one row per held-out phrasing instead, each with every held-out prompt in it (or
@@ -33,6 +35,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 # Spinning OpenMP threads slow everything down 10x when the two cores are shared (see train_tiny_model.py).
@@ -172,8 +175,11 @@ def chat_client_conversations(limit: int = 40) -> list[tuple[list[dict], list[di
     return out[:limit]
 
 
-def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[str, list[Example]]:
-    """Row name -> prompts: one row per task family, then the conversation rows (all held out)."""
+def evaluation_rows(
+    limit: int, fresh_out_of_range_prompts: int = 40, fresh_seeds: Sequence[int] = (2026,)
+) -> dict[str, list[Example]]:
+    """Row name -> prompts: one row per task family, then the conversation rows (all held out). The fresh
+    out-of-range row holds one draw of `fresh_out_of_range_prompts` per seed."""
     tasks = heldout_examples(limit, phrasing="heldout")
     rows: dict[str, list[Example]] = {
         f"{family} (new phrasing)": [e for e in tasks if e.family == family] for family in TASK_FAMILIES
@@ -189,7 +195,7 @@ def evaluation_rows(limit: int, fresh_out_of_range_prompts: int = 40) -> dict[st
     rows["help, system prompt"] = with_system_prompt(rows["help (other)"])
     rows["help, raw prompt"] = as_raw_prompts(rows["help (other)"])
     rows["out of range (split)"] = heldout_examples(10_000, families=("out_of_range",))
-    rows["out of range (fresh)"] = fresh_out_of_range(fresh_out_of_range_prompts)
+    rows["out of range (fresh)"] = [e for s in fresh_seeds for e in fresh_out_of_range(fresh_out_of_range_prompts, s)]
     return rows
 
 
@@ -325,6 +331,15 @@ def variety(engine: DiffusionEngine, seeds=(0, 1, 2, 3, 4), temperature: float =
     return texts
 
 
+def seed_range(text: str) -> range:
+    """`6-15` -> seeds 6 to 15, `7` -> seed 7 alone."""
+    first, _, last = text.partition("-")
+    try:
+        return range(int(first), int(last or first) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a seed or a FIRST-LAST range of seeds: {text!r}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory or hub id (default: the embedded model)")
@@ -343,6 +358,9 @@ def main() -> None:
                     help="tasks: no conversation rows; phrasings: one row per held-out phrasing; out-of-range: "
                     "only the fresh out-of-range prompts")  # fmt: skip
     ap.add_argument("--fresh", type=int, default=40, help="fresh out-of-range prompts drawn (the v3 test draws 40)")
+    ap.add_argument("--fresh-seeds", type=seed_range, default=range(2026, 2027), metavar="FIRST-LAST",
+                    help="draw --fresh prompts with each of these seeds (default 2026, the test's draw); a range "
+                    "the test never drew, such as 6-15, counts made-up answers no run was chosen by")  # fmt: skip
     ap.add_argument("--checks", action="store_true", help="also the garble and variety checks")
     ap.add_argument("--show-wrong", type=int, default=0, help="print up to N wrong answers per row")
     ap.add_argument("--per-row", type=int, default=0, help="at most N prompts per row (0: all)")
@@ -366,7 +384,17 @@ def main() -> None:
         f"{next(engine.model.parameters()).dtype}, quantization {engine.quantization}"
     )
     if args.rows != "none":
-        report(engine, params, args.limit, args.batch, args.rows, args.show_wrong, args.per_row, args.fresh)
+        report(
+            engine,
+            params,
+            args.limit,
+            args.batch,
+            args.rows,
+            args.show_wrong,
+            args.per_row,
+            args.fresh,
+            args.fresh_seeds,
+        )
     if args.checks:
         failures = garble_check(engine)
         for canvas, block, prompt, text, why in failures[:40]:
@@ -385,13 +413,14 @@ def report(
     show_wrong: int = 0,
     per_row: int = 0,
     fresh: int = 40,
+    fresh_seeds: Sequence[int] = (2026,),
 ) -> dict[str, float]:
     """Print one line per evaluation row; returns row -> share of right answers."""
     print(f"{'row':28s} {'n':>4s} {'right':>7s} {'stop':>7s}")
     scores: dict[str, float] = {}
     answered: dict[tuple, object] = {}  # "tasks, new phrasings" and "number words" reuse the per-family results
     tokens, seconds, results_all = 0, 0.0, []
-    rows = heldout_phrasing_rows() if which == "phrasings" else evaluation_rows(limit, fresh)
+    rows = heldout_phrasing_rows() if which == "phrasings" else evaluation_rows(limit, fresh, fresh_seeds)
     if which == "tasks":
         rows = {name: rows[name] for name in rows if name.endswith("(new phrasing)") or name.startswith("tasks, ")}
     elif which == "out-of-range":

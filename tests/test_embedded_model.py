@@ -37,6 +37,7 @@ from scripts.eval_tiny_model import (
     garble_check,
     heldout_phrasing_rows,
     run_chat_client,
+    seed_range,
     variety,
     with_system_prompt,
 )
@@ -356,6 +357,18 @@ def test_fresh_out_of_range_prompts_are_new_to_the_corpus():
     corpus = {e.key for items in training_pool().values() for e in items}
     fresh = fresh_out_of_range(40)
     assert len({e.key for e in fresh}) == 40 and not corpus & {e.key for e in fresh}
+
+
+def test_the_fresh_row_draws_once_per_seed_it_is_given():
+    """`eval_tiny_model.py --fresh-seeds 6-15`: the card's count on prompts no run was chosen by is ten draws of 40
+    with seeds the test never uses; the default stays the test's own draw."""
+    assert seed_range("6-15") == range(6, 16) and seed_range("7") == range(7, 8)
+    with pytest.raises(argparse.ArgumentTypeError, match="not a seed"):
+        seed_range("six")
+    assert evaluation_rows(40)["out of range (fresh)"] == fresh_out_of_range(40)
+    drawn = evaluation_rows(40, 20, fresh_seeds=range(6, 8))["out of range (fresh)"]
+    assert drawn == fresh_out_of_range(20, seed=6) + fresh_out_of_range(20, seed=7)
+    assert {e.key for e in drawn[:20]} != {e.key for e in drawn[20:]}
 
 
 def test_single_digit_differences_below_zero_are_answered_not_out_of_range():
