@@ -13,7 +13,7 @@ on the same pre-drawn batches, in one process, after timing the draw of those ba
                            `skip_pads`, the model's `RealTokens`): the trainer's default
   compiled, fused, bf16    the same forward under bfloat16 autocast (products in bfloat16, weights and optimiser
                            in float32): what a CPU with AMX might gain (on this one it lost:
-                           models/tiny-llada-chat/README.md)
+                           docs/embedded-model-runs.md)
 
 Each variant trains its own copy of the same initial weights; the first `--warm` steps (the compile) are
 timed apart from the `--steps` after them. Rounds alternate the variants, so a noisy machine slows them alike;

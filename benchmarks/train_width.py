@@ -1,7 +1,7 @@
 """What a wider embedded model would cost per training step, against the shipped width (issue 28).
 
 A stage-1 draw of the embedded model's recipe ends anywhere between 89% and 97.5% of its held-out phrasings
-(models/tiny-llada-chat/README.md), and more steps do not fit the 30-minute budget. A wider model may learn the
+(docs/embedded-model-runs.md), and more steps do not fit the 30-minute budget. A wider model may learn the
 families with more margin in the same steps; on two cores small products are overhead-bound, so its step may
 cost less than its arithmetic. This times the trainer's own step (`train_step`, compiled forward, fused AdamW,
 pads skipped) on the same pre-drawn batches for d_model 128 (the shipped width) and wider ones, MLP 3 x d_model

@@ -216,7 +216,7 @@ def _smallest_fitting_multiple(declared: int, canvas: int, steps: int | None) ->
     divides the canvas. Blocks of a multiple of `declared` number a divisor of the canvas's count of declared
     blocks, and must divide the steps too: the most of them (the smallest blocks) is the gcd of the two.
     160 tokens in the default 128 steps with 8 declared: four blocks of 40, where trying only doublings of 8 found
-    none and fell back to one block, the setting small models answer worst in (models/tiny-llada-chat/README.md)."""
+    none and fell back to one block, the setting small models answer worst in (docs/embedded-model-runs.md)."""
     if canvas % declared:
         return None
     blocks = canvas // declared

@@ -37,8 +37,8 @@ import string
 from dataclasses import dataclass, field
 from functools import cache
 
-# The shipped weights were trained in two stages (models/tiny-llada-chat/README.md): stage 1 on this corpus
-# without the rows marked "stage 2" below, stage 2 on all of it. `TINY_CHAT_CORPUS_STAGE=1` in the environment
+# The shipped weights were trained in three stages (models/tiny-llada-chat/README.md): stage 1 on this corpus
+# without the rows marked "stage 2" below, stages 2 and 3 on all of it. `TINY_CHAT_CORPUS_STAGE=1` in the environment
 # of the process that imports this module (the trainer's) gives stage 1's corpus, the same rows, split and
 # tokenizer as at commit 3312607 where stage 1 ran (tests/test_embedded_model.py checks the tokenizer).
 STAGE = int(os.environ.get("TINY_CHAT_CORPUS_STAGE", "2"))
@@ -158,7 +158,7 @@ BEFORE = (
 )  # fmt: skip
 # The word also stands inside the sentence ("Spell {w} for me."): with it always last, the model learned to
 # spell the prompt's last word, and "How is {w} spelled?" got garbled letters ("t-i-l-." for table) or the
-# help answer (held-out spell 46-77% in the runs of 4 December; models/tiny-llada-chat/README.md). The last three
+# help answer (held-out spell 46-77% in the runs of 4 December; docs/embedded-model-runs.md). The last three
 # put the word before the verb, as the held-out `How is {w} spelled?` does: with the word always after it,
 # run Z0 spelled 3 of that phrasing's 5 test words right (runs A to C in the model card).
 SPELL = (
@@ -275,7 +275,7 @@ INSTRUCTIONS = [
 # the slowest to learn. Moving weight from compare, count and sentence (>= 94% at batch 32) to repeat, name
 # and successor (38-79%) took a 29-minute run from 78.0% to 82.0% of new phrasings (4 December). Arithmetic
 # went from 3 to 3.5 when differences below zero moved into it from a family of their own (runs V and W in
-# models/tiny-llada-chat/README.md).
+# docs/embedded-model-runs.md).
 FAMILY_WEIGHTS = {
     "arithmetic": 3.5,
     "compare": 1.25,
@@ -348,7 +348,7 @@ def _arithmetic():
                     yield Example(_user(prompt), str(a + b), "arithmetic", heldout_phrasing=held)
             # Differences below zero are answered too (`2 - 8` -> `-6`): trained as out of range instead, they
             # made subtraction itself look like the help answer's task, and runs answered new phrasings of
-            # `9 minus 2` with it (models/tiny-llada-chat/README.md).
+            # `9 minus 2` with it (docs/embedded-model-runs.md).
             for t, held in _phrasings(MINUS):
                 for prompt in _numbered(t, a=a, b=b):
                     yield Example(_user(prompt), str(a - b), "arithmetic", heldout_phrasing=held)
@@ -801,7 +801,7 @@ def tokenizer_training_text() -> list[str]:
 
     Never a held-out prompt: a word only they hold could become a token of its own that no training row shows,
     whose embedding stays as initialised. `spelled` did when the vocabulary grew, and the held-out
-    `How is brown spelled?` was answered `brown brown` (models/tiny-llada-chat/README.md); `My` and `"?`
+    `How is brown spelled?` was answered `brown brown` (docs/embedded-model-runs.md); `My` and `"?`
     already were such tokens. Held out, a word the training text lacks is split in pieces the model has seen."""
     texts = training_texts()
     vocab_words = set(WORDS) | set(NAMES) | set(NUMBER_WORDS) | set(ADJECTIVES)

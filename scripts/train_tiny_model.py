@@ -66,7 +66,7 @@ from scripts.tiny_chat_corpus import (
 ARCH = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384)
 # 32 rows a step: in the same 29 minutes here (4 December, compiled step) batch 64 ran 5,047 steps and got 66.2%
 # of the held-out phrasings right, batch 32 7,963 steps and 78.0%, batch 16 14,938 steps and 58.5%
-# (models/tiny-llada-chat/README.md): more, noisier updates pay off down to 32.
+# (docs/embedded-model-runs.md): more, noisier updates pay off down to 32.
 BATCH = 32
 # Peak learning rate 2.1e-3: 3e-3 was set when a step had 64 rows; with 32, scaled by sqrt(1/2), the same
 # 12,600 steps got 98.8% of the held-out phrasings right against 84.8-88.5% for three seeds at 3e-3.
@@ -80,7 +80,7 @@ EPS = 1e-3  # minimum mask ratio, as in LLaDA
 # The longest trained canvas is where a run is weakest: CZ6, trained up to 128, invents out-of-range answers to 3-4
 # of 240 prompts at canvases 32-120, 10 at 128 and 26 at 160. `--long-canvas 160` puts the default request's 128
 # inside the range: it helped in stage 2, and in stage 1 (one draw) cost a held-out phrasing
-# (models/tiny-llada-chat/README.md, 7 December); the shipped weights used 128 in stages 1 and 2, 160 in stage 3.
+# (docs/embedded-model-runs.md, 7 December); the shipped weights used 128 in stages 1 and 2, 160 in stage 3.
 SHORT_CANVAS, LONG_CANVAS = 40, 128
 LONG_SHARE = 0.2  # share of batches whose rows all get long canvases (41..LONG_CANVAS)
 # Share of rows whose end-of-text padding is visible from a random point past the answer on (see
@@ -92,18 +92,18 @@ SYNONYM_SHARE = 0.0
 # Factor on the out-of-range family's weight in long-canvas batches only (`--long-out-of-range`): the default
 # 128-token canvas is where made-up answers came from, and only a fifth of the batches train canvases that long.
 # With 6 a continuation gave the help answer to 90.5% of the held-out out-of-range prompts there against 77.4%
-# (CZ6 and CY1, models/tiny-llada-chat/README.md). 1 leaves the draw unchanged (runs up to CF1).
+# (CZ6 and CY1, docs/embedded-model-runs.md). 1 leaves the draw unchanged (runs up to CF1).
 LONG_OUT_OF_RANGE = 1.0
 # The same for the count family (`--long-count`), made for W1's two held-out count phrasings missed at the
 # 128-token canvas. A rerun of W1's stage 1 no longer missed them, and 3 on it gained little (every raw prompt
-# right, 99.8% against 99.2% at the default request: C3 and X3r, models/tiny-llada-chat/README.md). 1 leaves the
+# right, 99.8% against 99.2% at the default request: C3 and X3r, docs/embedded-model-runs.md). 1 leaves the
 # draw unchanged.
 LONG_COUNT = 1.0
 GROUP = 10  # batches drawn (and length-sorted) together
 SYSTEM_PROMPT_SHARE = 0.5  # rows with a system prompt: most chat front-ends send one
 # Rows after an earlier exchange (the answer is to the last user turn), and single-turn rows as a raw prompt
 # with no chat template (what /v1/completions sends). At 0.15 each a run answered 84% of raw prompts and 70% of
-# chat-client conversations; at 0.25, 90% and 88% (runs N and O, models/tiny-llada-chat/README.md).
+# chat-client conversations; at 0.25, 90% and 88% (runs N and O, docs/embedded-model-runs.md).
 EARLIER_TURN_SHARE = 0.25
 RAW_SHARE = 0.25
 USER_X = {"role": "user", "content": "x"}
@@ -113,11 +113,11 @@ EOS_PAD_WEIGHT = 0.5
 # blocks of 32 the sampler still commits the end-of-text padding first (it is surest of it), and a committed
 # run of padding can pull the end of turn into the answer (`Hello` -> `11`). Blocks of 8 leave the padding to
 # the blocks after the answer: CF1 invented 1 of 40 out-of-range answers at the default request instead of
-# 4, with half the forward passes (models/tiny-llada-chat/README.md, benchmarks/declared_block.py).
+# 4, with half the forward passes (docs/embedded-model-runs.md, benchmarks/declared_block.py).
 DECODE_BLOCK_LENGTH = 8
 BLOCK_STATE_LENGTHS = (8, 16, 32)  # the blocks of `as_block_states` (--block-states)
 # Share of rows masked as a decoding block's state: without them answers came out garbled at canvases and
-# blocks of 24-48 (runs L and M in models/tiny-llada-chat/README.md).
+# blocks of 24-48 (runs L and M in docs/embedded-model-runs.md).
 BLOCK_STATE_SHARE = 0.25
 PROGRESS_EVERY_S, EVAL_EVERY_S = 30, 360
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")

@@ -42,7 +42,8 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-MARKDOWN = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").rglob("*.md")])
+EMBEDDED_MODEL_CARD = REPO_ROOT / "models" / "tiny-llada-chat" / "README.md"
+MARKDOWN = sorted([REPO_ROOT / "README.md", EMBEDDED_MODEL_CARD, *(REPO_ROOT / "docs").rglob("*.md")])
 
 
 @pytest.mark.parametrize("page", MARKDOWN, ids=lambda p: str(p.relative_to(REPO_ROOT)))
