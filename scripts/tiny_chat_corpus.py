@@ -37,14 +37,13 @@ import string
 from dataclasses import dataclass, field
 from functools import cache
 
-# The shipped weights were trained in three stages (models/tiny-llada-chat/README.md), each on this corpus
-# without the rows marked for a later stage below. `TINY_CHAT_CORPUS_STAGE=N` in the environment of the process
-# that imports this module (the trainer's) gives stage N's corpus (default: all of it, stage 3's). Stage 1's has
-# the same rows, split and tokenizer as at commit 3312607 where stage 1 ran (tests/test_embedded_model.py checks
-# the tokenizer).
-STAGE = int(os.environ.get("TINY_CHAT_CORPUS_STAGE", "3"))
-if STAGE not in (1, 2, 3):
-    raise ValueError(f"TINY_CHAT_CORPUS_STAGE must be 1, 2 or 3, not {STAGE}")
+# The shipped weights were trained in three stages (models/tiny-llada-chat/README.md): stage 1 on this corpus
+# without the rows marked "stage 2" below, stages 2 and 3 on all of it. `TINY_CHAT_CORPUS_STAGE=1` in the environment
+# of the process that imports this module (the trainer's) gives stage 1's corpus, the same rows, split and
+# tokenizer as at commit 3312607 where stage 1 ran (tests/test_embedded_model.py checks the tokenizer).
+STAGE = int(os.environ.get("TINY_CHAT_CORPUS_STAGE", "2"))
+if STAGE not in (1, 2):
+    raise ValueError(f"TINY_CHAT_CORPUS_STAGE must be 1 or 2, not {STAGE}")
 
 HELDOUT_PERCENT = 15
 
@@ -222,7 +221,7 @@ SMALL_TALK = [  # (prompts, reply)
       "What are your skills?", "Can you chat?", "Who built you?", "What is this?", "Is anyone there?",
       "Tell me who you are.", "What should I ask you?"]
      + (["Who is this?", "Who is there?", "Who is speaking?", "Who are you, bot?", "Who are you again?",
-         "Who do I talk to?"] if STAGE >= 2 else []), HELP_ANSWER),
+         "Who do I talk to?"] if STAGE == 2 else []), HELP_ANSWER),
 ]  # fmt: skip
 SMALL_TALK_ENDINGS = ["", ".", "!", "?", "!!", " :)"]
 OTHER_PHRASINGS = [
@@ -546,24 +545,6 @@ def _out_of_range():
     for _ in range(600):
         t = rng.choice(trained(MINUS))
         yield Example(_user(t.format(a=rng.randint(10, 99), b=rng.randint(0, 9))), HELP_ANSWER, "out_of_range")
-    # Stage 3: more of the out-of-range prompts the v3.3 weights still answered (4 of 400 drawn prompts, and
-    # 7-10 in their stage-3 siblings): countries it does not know (22 rows above; `What is the capital of
-    # Fntxm?` -> `Paris`), a number past 9 beside a digit (`Compute 87 plus 8.` -> `15`, `17 minus 7` -> `-6`)
-    # and successors past 20 (`Which number precedes 121?` -> `10`).
-    if STAGE == 2:
-        return
-    rng = random.Random("stage 3")
-    for i in range(200):
-        place = (_pseudo_word(rng) if i % 2 else _random_letters(rng)).capitalize()
-        yield Example(_user(rng.choice(capital_phrasings).format(x=place)), HELP_ANSWER, "out_of_range")
-    for _ in range(600):
-        big, digit = (rng.randint(10, 99) if rng.random() < 0.8 else rng.randint(100, 999)), rng.randint(0, 9)
-        a, b = (big, digit) if rng.random() < 0.5 else (digit, big)
-        yield Example(_user(rng.choice(trained(PLUS) + trained(MINUS)).format(a=a, b=b)), HELP_ANSWER, "out_of_range")
-    for _ in range(200):
-        t = rng.choice(trained(AFTER) + trained(BEFORE))
-        yield Example(_user(t.format(a=rng.randint(21, 99) if rng.random() < 0.5 else rng.randint(100, 999))),
-                      HELP_ANSWER, "out_of_range")  # fmt: skip
 
 
 def _random_letters(rng: random.Random) -> str:

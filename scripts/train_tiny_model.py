@@ -13,12 +13,12 @@ weights and tokenizer (e.g. a shorter second run at a lower `--lr`). `--checkpoi
 the weights of every N-th step as step-N.safetensors next to model.safetensors. The forward is compiled
 (inductor) unless `--eager`: the same maths, a faster step, so more steps in the same minutes. `--average D`
 ships an exponential moving average of the weights (decay D) and keeps the last step's as
-last-step.safetensors. Each stage of the shipped weights trained on the corpus without the rows of later stages:
-`TINY_CHAT_CORPUS_STAGE=N` in the environment selects stage N's (scripts/tiny_chat_corpus.py). A run ends by scoring
+last-step.safetensors. The shipped weights' stage 1 trained on the corpus without its stage-2 rows:
+`TINY_CHAT_CORPUS_STAGE=1` in the environment selects it (scripts/tiny_chat_corpus.py). A run ends by scoring
 400 held-out phrasings at gen 32 (one block, as the probe) and at the default request (gen 128 in the declared
 blocks of 8, what the server decodes a request that sets nothing with); the long canvas is where runs differ most.
 
-Usage: [TINY_CHAT_CORPUS_STAGE=1|2] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
+Usage: [TINY_CHAT_CORPUS_STAGE=1] python scripts/train_tiny_model.py [--minutes 29 | --steps 6000]
        [--out models/tiny-llada-chat] [--seed 0] [--init DIR] [--lr 2.1e-3] [--batch 32] [--block-states 0.25]
        [--long-share 0.2] [--long-canvas 128] [--visible-padding 0] [--synonyms 0] [--long-out-of-range 1]
        [--long-count 1] [--family-factor FAMILY=1 ...] [--weight-decay 0.1] [--average 0] [--checkpoint-every 500]
