@@ -328,17 +328,14 @@ def test_no_garbled_answer_on_the_newcomer_set_at_any_canvas(engine):
     assert not garble_check(engine, verbose=False)
 
 
-@pytest.mark.slow  # 130 prompts at two canvases
-@pytest.mark.parametrize("canvas", CANVASES.values(), ids=CANVASES)
-def test_no_garbled_reply_to_heldout_small_talk(engine, canvas):
+@pytest.mark.slow  # 130 prompts at five canvases
+def test_no_garbled_reply_to_heldout_small_talk_at_any_canvas(engine):
     """Issue 28: every small-talk reply comes out clean. The newcomer set holds only a few small-talk prompts; a run
     that passed every other test (T3b, docs/embedded-model-runs.md) answered `how are things.` with `I am fine,
     thank youI am` at the default canvas. A wrong but clean reply is the target tests' business, not this one's."""
-    known = answer_words()
-    examples = evaluation_rows(400)["small talk"]
-    _, results = _run(examples, canvas)(engine)
-    garbled = [(e.messages[-1]["content"], r.text) for e, r in zip(examples, results) if garble(r.text, known)]
-    assert len(examples) >= 100 and not garbled
+    prompts = [e.messages[-1]["content"] for e in heldout_examples(10_000, families=("small_talk",))]
+    assert len(prompts) >= 100
+    assert not garble_check(engine, prompts, block_lengths=(8,), verbose=False)  # the declared block, canvases 24-128
 
 
 def test_evaluation_rows_wrap_the_task_prompts_in_heldout_conversations():
