@@ -105,10 +105,6 @@ UNKNOWN_FACTS = [
     "How many legs has an ant?", "What is the capital of Mars?", "What color is a frog?", "capital of Chile",
 ]  # fmt: skip
 
-# Real countries whose capital it does not know (the evaluation asks about made-up ones).
-UNKNOWN_COUNTRIES = ["Peru", "Canada", "Brazil", "Chile", "India", "China", "Mexico", "Kenya", "Norway", "Greece",
-                     "Poland", "Sweden", "Turkey", "Cuba", "Ireland", "Austria"]  # fmt: skip
-
 # Each family: (training phrasings, held-out phrasings). The held-out ones reuse the task words of the
 # training ones ("add", "largest", "after", "spell") in new sentences.
 PLUS = (
@@ -541,17 +537,6 @@ def _out_of_range():
             yield Example(_user(t.format(w=w)), HELP_ANSWER, "out_of_range")
         for t in trained(REPEAT):
             yield Example(_user(t.format(s=w)), HELP_ANSWER, "out_of_range")
-    # Countries it does not know, in every stage: with 22 such rows against the 8 known capitals' 48, every run
-    # answered `What is the capital of Fntxm?` with `Paris`, and a third stage with 600 more did not unlearn it
-    # (docs/embedded-model-runs.md). About as many rows as the known capitals' share of training.
-    rng = random.Random("made-up countries")
-    for i in range(300):
-        place = (_pseudo_word(rng) if i % 2 else _random_letters(rng)).capitalize()
-        for t in rng.sample(capital_phrasings, 2):
-            yield Example(_user(t.format(x=place)), HELP_ANSWER, "out_of_range")
-    for place in UNKNOWN_COUNTRIES:
-        for t in capital_phrasings:
-            yield Example(_user(t.format(x=place)), HELP_ANSWER, "out_of_range")
     # Stage 2: a two-digit number minus a digit, in every training phrasing of subtraction: with only the 400 rows
     # above, half of them sums, run C0 still answered `How much is 86 minus 9?` with `-2` and `95-9` with a number.
     if STAGE == 1:
